@@ -1,0 +1,104 @@
+"""Builds the one extension module `torch_tfgrads._C` (schemas + CPU kernels, + CUDA kernels).
+
+Decisions (printed at build time):
+* CUDA: `csrc/cuda/*.cu` are compiled when torch is a CUDA build and nvcc is found
+  (`FORCE_CUDA=1` insists and fails loudly if that is impossible, `USE_CUDA=0` turns it off).
+  With no visible GPU and no `TORCH_CUDA_ARCH_LIST`, the arch list defaults to 9.0 (H100/H200).
+* CPU SIMD: ATen's `at::vec::Vectorized` is compiled for AVX2+FMA when the building CPU has
+  them (this package is always built on the machine that runs it); `TFGRADS_CPU_BASELINE=1`
+  builds the portable baseline instead. The choice is recorded in `_build_info.py` and checked
+  at import, so a mismatched CPU gets an ImportError, never an illegal instruction.
+* `DEBUG=1`: -O0 -g (and -lineinfo for nvcc).
+"""
+import glob
+import os
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PKG = "torch_tfgrads"
+
+
+def _env_flag(name, default="0"):
+    return os.environ.get(name, default).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _want_cuda():
+    if not _env_flag("USE_CUDA", "1"):
+        return False, "USE_CUDA=0"
+    is_cuda_torch = torch.version.cuda is not None
+    if _env_flag("FORCE_CUDA"):
+        if not is_cuda_torch or CUDA_HOME is None:
+            raise RuntimeError(
+                "FORCE_CUDA=1 but torch is a CPU build (torch.version.cuda is None) or nvcc was "
+                f"not found (CUDA_HOME={CUDA_HOME}); install a CUDA torch and the CUDA toolkit")
+        return True, "FORCE_CUDA=1"
+    if not is_cuda_torch:
+        return False, f"torch {torch.__version__} is a CPU build"
+    if CUDA_HOME is None:
+        return False, "nvcc not found (set CUDA_HOME)"
+    return True, f"torch {torch.__version__} (CUDA {torch.version.cuda}) and nvcc in {CUDA_HOME}"
+
+
+def _cpu_has_avx2():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return all(flag in flags for flag in ("avx2", "fma", "f16c"))
+
+
+def _extension():
+    debug = _env_flag("DEBUG")
+    use_cuda, why = _want_cuda()
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
+    cxx = ["-O0", "-g"] if debug else ["-O3"]
+    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3", "--use_fast_math"]
+    cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
+
+    simd = "baseline"
+    if not _env_flag("TFGRADS_CPU_BASELINE") and _cpu_has_avx2():
+        simd = "AVX2"
+        cxx += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    else:
+        cxx += ["-DCPU_CAPABILITY=DEFAULT"]
+
+    define_macros = []
+    if use_cuda:
+        sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+        define_macros.append(("WITH_CUDA", None))
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+            print("torch_tfgrads: no GPU visible, TORCH_CUDA_ARCH_LIST defaults to 9.0")
+        nvcc += ["--expt-relaxed-constexpr"]
+
+    print(f"torch_tfgrads: CUDA kernels {'ON' if use_cuda else 'OFF'} ({why}); "
+          f"CPU SIMD {simd}; {'debug' if debug else 'release'} build; {len(sources)} sources")
+    with open(os.path.join(ROOT, PKG, "_build_info.py"), "w") as f:
+        f.write("# Written by setup.py at build time.\n")
+        f.write(f"CPU_SIMD = {simd!r}\nWITH_CUDA = {use_cuda!r}\n")
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+
+    ext = CUDAExtension if use_cuda else CppExtension
+    extra = {"cxx": cxx, "nvcc": nvcc} if use_cuda else {"cxx": cxx}
+    return ext(
+        f"{PKG}._C",
+        sources,
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        define_macros=define_macros,
+        extra_compile_args=extra,
+        extra_link_args=["-fopenmp"],
+        py_limited_api=True,
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)

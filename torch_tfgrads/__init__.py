@@ -1,0 +1,18 @@
+"""torch_tfgrads: TensorFlow's training ops, with TensorFlow's exact forward and gradient
+semantics, as PyTorch custom ops (`torch.ops.tfgrads.*`) that work with autograd,
+`torch.compile` and `torch.export`.
+
+Import order matters: torch first, then the extension (its static initialisers define the
+ops), then the fake kernels and autograd formulas that attach to those ops.
+"""
+import torch  # noqa: F401  (the extension links against the already-loaded torch)
+
+from . import _loader  # noqa: F401  (checks the build matches this CPU, then loads _C)
+from . import _meta  # noqa: F401
+from . import _autograd  # noqa: F401
+from . import nn
+from .ops import fused_batch_norm_grad_v3, fused_batch_norm_v3
+
+__version__ = "0.1.0"
+
+__all__ = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3", "nn"]

@@ -1,0 +1,67 @@
+"""Keras' BatchNormalization(fused=True) as a module over fused_batch_norm_v3."""
+import torch
+
+from ..ops import fused_batch_norm_v3
+
+_FORMATS = {"NHWC": 4, "NCHW": 4, "NDHWC": 5, "NCDHW": 5}
+
+
+class FusedBatchNorm(torch.nn.Module):
+    """Batch normalisation with Keras' defaults and TF's fused-kernel numerics.
+
+    Matches ``tf.keras.layers.BatchNormalization(fused=True)``: ``momentum=0.99``,
+    ``epsilon=1e-3``, gamma/beta (``weight``/``bias``) optional through ``scale``/``center``.
+    In training the op itself updates the running statistics with
+    ``exponential_avg_factor = 1 - momentum`` (batch variance Bessel-corrected) and the
+    module stores what the op returns, exactly as Keras assigns ``moving_mean``/``moving_variance``.
+    The channel axis comes from ``data_format`` (channels last for NHWC/NDHWC).
+
+    Parameters and statistics are kept in float32 (float64 if the module is converted to
+    float64); float16/bfloat16 inputs are normalised with float32 statistics, as TF does.
+    Keras weights load unchanged: ``weight`` = gamma, ``bias`` = beta, ``running_mean`` =
+    moving_mean, ``running_var`` = moving_variance.
+    """
+
+    def __init__(self, num_features, momentum=0.99, epsilon=1e-3, center=True, scale=True,
+                 data_format="NHWC", device=None, dtype=None):
+        super().__init__()
+        if data_format not in _FORMATS:
+            raise ValueError(f"FusedBatchNorm: data_format must be one of {sorted(_FORMATS)}, "
+                             f"got {data_format!r}")
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"FusedBatchNorm: momentum must be in [0, 1], got {momentum}")
+        self.num_features, self.momentum, self.epsilon = num_features, momentum, epsilon
+        self.data_format, self.center, self.scale = data_format, center, scale
+        dtype = dtype or torch.float32
+        kw = {"device": device, "dtype": dtype}
+        self.weight = torch.nn.Parameter(torch.ones(num_features, **kw)) if scale else None
+        self.bias = torch.nn.Parameter(torch.zeros(num_features, **kw)) if center else None
+        self.register_buffer("running_mean", torch.zeros(num_features, **kw))
+        self.register_buffer("running_var", torch.ones(num_features, **kw))
+
+    def extra_repr(self):
+        return (f"{self.num_features}, momentum={self.momentum}, epsilon={self.epsilon}, "
+                f"data_format={self.data_format!r}, center={self.center}, scale={self.scale}")
+
+    def forward(self, x):
+        pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+        def param(p, fill):
+            if p is None:
+                return torch.full((self.num_features,), fill, dtype=pdt, device=x.device)
+            return p.to(pdt)
+
+        gamma, beta = param(self.weight, 1.0), param(self.bias, 0.0)
+        mean, var = self.running_mean.to(pdt), self.running_var.to(pdt)
+        if self.training:
+            y, new_mean, new_var, *_ = fused_batch_norm_v3(
+                x, gamma, beta, mean, var, epsilon=self.epsilon,
+                exponential_avg_factor=1.0 - self.momentum, data_format=self.data_format,
+                is_training=True)
+            with torch.no_grad():
+                self.running_mean.copy_(new_mean)
+                self.running_var.copy_(new_var)
+            return y
+        y, *_ = fused_batch_norm_v3(x, gamma, beta, mean, var, epsilon=self.epsilon,
+                                    data_format=self.data_format, is_training=False)
+        return y
