@@ -1,0 +1,72 @@
+"""torch.compile(fullgraph=True, dynamic=True) and torch.export of models using our ops."""
+import pytest
+import torch
+
+import torch_tfgrads as T
+
+
+class ConvBN(torch.nn.Module):
+    """conv (NCHW) -> FusedBatchNorm in NCHW -> relu -> FusedBatchNorm in NHWC."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = T.nn.FusedBatchNorm(8, data_format="NCHW")
+        self.bn2 = T.nn.FusedBatchNorm(8, data_format="NHWC")
+
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv(x)))
+        return self.bn2(h.permute(0, 2, 3, 1))
+
+
+def _run(model, x):
+    y = model(x)
+    grads = torch.autograd.grad(y.square().sum() + y.sum(), [x, *model.parameters()])
+    return y, grads
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_compile_fullgraph_dynamic_matches_eager(training):
+    torch._dynamo.reset()
+    model = ConvBN().train(training)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for shape in [(2, 3, 6, 6), (3, 3, 5, 7)]:
+        x = torch.randn(shape, requires_grad=True)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        y_e, g_e = _run(model, x)
+        stats_e = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        y_c, g_c = _run(compiled, x)
+        torch.testing.assert_close(y_c, y_e, rtol=1e-5, atol=1e-5)
+        for a, b in zip(g_c, g_e):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        for k, v in model.state_dict().items():  # running statistics updated identically
+            torch.testing.assert_close(v, stats_e[k])
+
+
+def test_compile_double_backward():
+    torch._dynamo.reset()
+
+    def f(x, s, o):
+        y = T.fused_batch_norm_v3(x, s, o, data_format="NCHW")[0]
+        (gx,) = torch.autograd.grad((y * y * y).sum(), x, create_graph=True)
+        return gx
+
+    x = torch.randn(2, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    s, o = torch.rand(4, dtype=torch.float64) + 0.5, torch.randn(4, dtype=torch.float64)
+    eager = f(x, s, o)
+    # create_graph through a compiled backward needs donated buffers off (a torch rule).
+    with torch._functorch.config.patch(donated_buffer=False):
+        compiled = torch.compile(f, fullgraph=False, dynamic=True)(x, s, o)
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_export_keeps_one_node_per_op():
+    model = ConvBN().eval()
+    x = torch.randn(2, 3, 6, 6)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.tfgrads.fused_batch_norm_v3.default) == 2
+    x2 = torch.randn(5, 3, 6, 6)
+    torch.testing.assert_close(ep.module()(x2), model(x2))
