@@ -1,0 +1,343 @@
+// CUDA kernels of fused_batch_norm_v3 / fused_batch_norm_grad_v3 (same semantics as the CPU
+// kernels; reserve_space_2 is the biased variance on every device, unlike TF's cuDNN path).
+//
+// Per op: (1) a partial-reduction kernel over both layouts, coalesced on the innermost
+// dimension (channels-last: a warp reads 32 consecutive channels of a row; channels-first: a
+// block reads a contiguous span of one channel's planes), reduced in registers, with warp
+// shuffles and through shared memory; (2) a per-channel finalize kernel that merges the
+// partials in double (Chan's formula for the moments); (3) an elementwise kernel.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "common/fused_batch_norm.h"
+
+namespace torch_tfgrads {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;     // channels-last block: 32 channels x 8 rows of threads
+constexpr int kThreads = 256;        // channels-first and elementwise blocks
+constexpr int64_t kSpan = 4096;      // channels-first elements per block and channel
+
+// Running (count, mean, M2) of one thread or block.
+template <typename acc_t>
+struct Welford {
+  acc_t n, mean, m2;  // no initialisers: __shared__ arrays need a trivial constructor
+  __device__ void push(acc_t v) {
+    n += 1;
+    const acc_t d = v - mean;
+    mean += d / n;
+    m2 += d * (v - mean);
+  }
+  __device__ void merge(const Welford& o) {
+    if (o.n == 0) return;
+    const acc_t nt = n + o.n, d = o.mean - mean;
+    mean += d * (o.n / nt);
+    m2 += o.m2 + d * d * (n * o.n / nt);
+    n = nt;
+  }
+  __device__ Welford shfl_down(int offset) const {
+    Welford o{};
+    o.n = __shfl_down_sync(0xffffffff, n, offset);
+    o.mean = __shfl_down_sync(0xffffffff, mean, offset);
+    o.m2 = __shfl_down_sync(0xffffffff, m2, offset);
+    return o;
+  }
+};
+
+// Sums of dy and dy * (x - mean).
+template <typename acc_t>
+struct GradSums {
+  acc_t sdy, sdyxc;
+  __device__ void merge(const GradSums& o) {
+    sdy += o.sdy;
+    sdyxc += o.sdyxc;
+  }
+  __device__ GradSums shfl_down(int offset) const {
+    GradSums o{};
+    o.sdy = __shfl_down_sync(0xffffffff, sdy, offset);
+    o.sdyxc = __shfl_down_sync(0xffffffff, sdyxc, offset);
+    return o;
+  }
+};
+
+template <typename scalar_t, typename acc_t>
+struct PushX {
+  const scalar_t* x;
+  __device__ void operator()(Welford<acc_t>& a, int64_t i, int64_t) const {
+    a.push(static_cast<acc_t>(x[i]));
+  }
+};
+
+template <typename scalar_t, typename acc_t>
+struct PushGrad {
+  const scalar_t* dy;
+  const scalar_t* x;
+  const acc_t* mean;
+  __device__ void operator()(GradSums<acc_t>& a, int64_t i, int64_t c) const {
+    const acc_t g = static_cast<acc_t>(dy[i]);
+    a.sdy += g;
+    a.sdyxc += g * (static_cast<acc_t>(x[i]) - mean[c]);
+  }
+};
+
+// Channels-last partials: block (32, 8) covers 32 channels and a span of rows.
+template <typename Acc, typename Push>
+__global__ void partials_channels_last(int64_t rows, int64_t C, int64_t rows_per_block, Push push,
+                                       Acc* out) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * int64_t(kWarp) + tx;
+  const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(rows, r0 + rows_per_block);
+  Acc a{};
+  if (c < C)
+    for (int64_t r = r0 + ty; r < r1; r += kRowsPerBlock) push(a, r * C + c, c);
+  __shared__ Acc sm[kRowsPerBlock][kWarp];
+  sm[ty][tx] = a;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int k = 1; k < kRowsPerBlock; ++k) a.merge(sm[k][tx]);
+    out[blockIdx.y * C + c] = a;
+  }
+}
+
+// Channels-first partials: block blockIdx.x = channel, reading a span of that channel's
+// elements (plane after plane) with consecutive threads on consecutive addresses.
+template <typename Acc, typename Push>
+__global__ void partials_channels_first(int64_t N, int64_t C, int64_t S, int64_t span, Push push,
+                                        Acc* out) {
+  const int64_t c = blockIdx.x, total = N * S;
+  const int64_t j0 = blockIdx.y * span, j1 = min(total, j0 + span);
+  Acc a{};
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+    const int64_t n = j / S, s = j - n * S;
+    push(a, (n * C + c) * S + s, c);
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) a.merge(a.shfl_down(offset));
+  __shared__ Acc sm[kThreads / kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) sm[warp] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / kWarp); ++w) a.merge(sm[w]);
+    out[blockIdx.y * C + c] = a;
+  }
+}
+
+// Launches the partial reduction for the layout; returns the number of partials per channel.
+template <typename Acc, typename Push>
+int64_t launch_partials(const ChannelLayout& l, Push push, Acc* out, int64_t max_parts,
+                        cudaStream_t stream) {
+  if (l.channels_last) {
+    const int64_t parts = std::min<int64_t>(max_parts, (l.outer + 63) / 64);
+    const int64_t rows_per_block = (l.outer + parts - 1) / parts;
+    dim3 grid((l.C + kWarp - 1) / kWarp, parts), block(kWarp, kRowsPerBlock);
+    partials_channels_last<Acc><<<grid, block, 0, stream>>>(l.outer, l.C, rows_per_block, push, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return parts;
+  }
+  const int64_t total = l.outer * l.inner;
+  const int64_t parts = std::min<int64_t>(max_parts, (total + kSpan - 1) / kSpan);
+  const int64_t span = (total + parts - 1) / parts;
+  dim3 grid(l.C, parts);
+  partials_channels_first<Acc><<<grid, kThreads, 0, stream>>>(l.outer, l.C, l.inner, span, push, out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return parts;
+}
+
+template <typename acc_t>
+__global__ void finalize_moments(const Welford<acc_t>* parts, int64_t nparts, int64_t C,
+                                 int64_t n, const acc_t* run_mean, const acc_t* run_var,
+                                 bool uses_running, acc_t factor, acc_t* bm, acc_t* bv, acc_t* rs1,
+                                 acc_t* rs2) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  double tn = 0, tm = 0, tm2 = 0;
+  for (int64_t p = 0; p < nparts; ++p) {
+    const Welford<acc_t> w = parts[p * C + c];
+    if (w.n == 0) continue;
+    const double nt = tn + w.n, d = double(w.mean) - tm;
+    tm += d * (w.n / nt);
+    tm2 += double(w.m2) + d * d * (tn * w.n / nt);
+    tn = nt;
+  }
+  const acc_t mu = acc_t(tm), vb = acc_t(tm2 / tn);
+  const acc_t adjust = acc_t(n) / acc_t(n > 1 ? n - 1 : 1);
+  rs1[c] = mu;
+  rs2[c] = vb;
+  if (!uses_running) {
+    bm[c] = mu;
+    bv[c] = vb * adjust;
+  } else {
+    const acc_t g = acc_t(1) - factor;
+    bm[c] = g * run_mean[c] + factor * mu;
+    bv[c] = g * run_var[c] + (factor * adjust) * vb;
+  }
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void apply_normalize(const scalar_t* x, scalar_t* y, int64_t numel, int64_t C,
+                                int64_t S, bool channels_last, const acc_t* mean,
+                                const acc_t* var, const acc_t* scale, const acc_t* offset,
+                                acc_t eps) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = channels_last ? i % C : (i / S) % C;
+    const acc_t k = acc_t(1) / sqrt(var[c] + eps) * scale[c];
+    y[i] = static_cast<scalar_t>((static_cast<acc_t>(x[i]) - mean[c]) * k + offset[c]);
+  }
+}
+
+template <typename acc_t>
+__global__ void finalize_grad(const GradSums<acc_t>* parts, int64_t nparts, int64_t C, int64_t n,
+                              const acc_t* scale, const acc_t* var, acc_t eps, acc_t* gscale,
+                              acc_t* goffset, acc_t* coef /* [3, C]: A, mean(dy), B */) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  double s1 = 0, s2 = 0;
+  for (int64_t p = 0; p < nparts; ++p) {
+    s1 += parts[p * C + c].sdy;
+    s2 += parts[p * C + c].sdyxc;
+  }
+  const acc_t inv = acc_t(1) / sqrt(var[c] + eps), a1 = acc_t(s1), a2 = acc_t(s2);
+  goffset[c] = a1;
+  gscale[c] = a2 * inv;
+  coef[c] = scale[c] * inv;
+  coef[C + c] = a1 * (acc_t(1) / acc_t(n));
+  coef[2 * C + c] = inv * inv * (a2 / acc_t(n));
+}
+
+template <typename scalar_t, typename acc_t>
+__global__ void apply_grad_input(const scalar_t* dy, const scalar_t* x, scalar_t* dx, int64_t numel,
+                                 int64_t C, int64_t S, bool channels_last, bool training,
+                                 const acc_t* mean, const acc_t* coef) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = channels_last ? i % C : (i / S) % C;
+    const acc_t g = static_cast<acc_t>(dy[i]);
+    acc_t r;
+    if (training)
+      r = coef[c] * ((g - coef[C + c]) - (static_cast<acc_t>(x[i]) - mean[c]) * coef[2 * C + c]);
+    else
+      r = coef[c] * g;
+    dx[i] = static_cast<scalar_t>(r);
+  }
+}
+
+int elementwise_blocks(int64_t numel) {
+  return static_cast<int>(std::min<int64_t>((numel + kThreads - 1) / kThreads, 65536));
+}
+
+template <typename scalar_t>
+void forward_cuda(bn::Forward& f, const at::Tensor& scale, const at::Tensor& offset,
+                  const at::Tensor& mean, const at::Tensor& variance, double epsilon,
+                  double exponential_avg_factor) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool is_double = std::is_same<scalar_t, double>::value;
+  const acc_t eps = is_double ? acc_t(epsilon) : acc_t(static_cast<float>(epsilon));
+  const auto& l = f.layout;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor scale_c = scale.contiguous(), offset_c = offset.contiguous();
+  const scalar_t* x = f.x_phys.const_data_ptr<scalar_t>();
+  const int64_t numel = f.x_phys.numel();
+  if (f.training) {
+    const int64_t max_parts = 1024;
+    at::Tensor ws = at::empty({int64_t(sizeof(Welford<acc_t>)) * max_parts * l.C},
+                              f.x_phys.options().dtype(at::kByte));
+    auto* parts = reinterpret_cast<Welford<acc_t>*>(ws.data_ptr());
+    const int64_t nparts = launch_partials(l, PushX<scalar_t, acc_t>{x}, parts, max_parts, stream);
+    const at::Tensor mean_c = f.uses_running_stats ? mean.contiguous() : f.rs1;
+    const at::Tensor var_c = f.uses_running_stats ? variance.contiguous() : f.rs2;
+    const acc_t factor = is_double ? acc_t(exponential_avg_factor)
+                                   : acc_t(static_cast<float>(exponential_avg_factor));
+    finalize_moments<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+        parts, nparts, l.C, numel / l.C, mean_c.const_data_ptr<acc_t>(),
+        var_c.const_data_ptr<acc_t>(), f.uses_running_stats, factor,
+        f.batch_mean.data_ptr<acc_t>(), f.batch_variance.data_ptr<acc_t>(),
+        f.rs1.data_ptr<acc_t>(), f.rs2.data_ptr<acc_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  apply_normalize<scalar_t, acc_t><<<elementwise_blocks(numel), kThreads, 0, stream>>>(
+      x, f.y_phys.data_ptr<scalar_t>(), numel, l.C, l.inner, l.channels_last,
+      f.rs1.const_data_ptr<acc_t>(), f.rs2.const_data_ptr<acc_t>(),  // inference: input copies
+      scale_c.const_data_ptr<acc_t>(), offset_c.const_data_ptr<acc_t>(), eps);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename scalar_t>
+void backward_cuda(bn::Backward& b, const at::Tensor& scale, const at::Tensor& rs1,
+                   const at::Tensor& rs2, double epsilon, bool is_training) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool is_double = std::is_same<scalar_t, double>::value;
+  const acc_t eps = is_double ? acc_t(epsilon) : acc_t(static_cast<float>(epsilon));
+  const auto& l = b.layout;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor scale_c = scale.contiguous(), rs1_c = rs1.contiguous(), rs2_c = rs2.contiguous();
+  const scalar_t* x = b.x_phys.const_data_ptr<scalar_t>();
+  const scalar_t* dy = b.dy_phys.const_data_ptr<scalar_t>();
+  const int64_t numel = b.x_phys.numel();
+  const int64_t max_parts = 1024;
+  at::Tensor ws = at::empty({int64_t(sizeof(GradSums<acc_t>)) * max_parts * l.C},
+                            b.x_phys.options().dtype(at::kByte));
+  auto* parts = reinterpret_cast<GradSums<acc_t>*>(ws.data_ptr());
+  const int64_t nparts = launch_partials(
+      l, PushGrad<scalar_t, acc_t>{dy, x, rs1_c.const_data_ptr<acc_t>()}, parts, max_parts, stream);
+  at::Tensor coef = at::empty({3 * l.C}, rs1_c.options());
+  finalize_grad<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+      parts, nparts, l.C, numel / l.C, scale_c.const_data_ptr<acc_t>(),
+      rs2_c.const_data_ptr<acc_t>(), eps, b.scale_backprop.data_ptr<acc_t>(),
+      b.offset_backprop.data_ptr<acc_t>(), coef.data_ptr<acc_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  apply_grad_input<scalar_t, acc_t><<<elementwise_blocks(numel), kThreads, 0, stream>>>(
+      dy, x, b.dx_phys.data_ptr<scalar_t>(), numel, l.C, l.inner, l.channels_last, is_training,
+      rs1_c.const_data_ptr<acc_t>(), coef.const_data_ptr<acc_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_batch_norm_v3_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                         const at::Tensor& mean, const at::Tensor& variance, double epsilon,
+                         double exponential_avg_factor, c10::string_view data_format,
+                         bool is_training) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto f = bn::prepare_forward(x, scale, offset, mean, variance, exponential_avg_factor,
+                               data_format, is_training);
+  if (!f.done) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), bn::kFwd, [&] {
+      forward_cuda<scalar_t>(f, scale, offset, mean, variance, epsilon, exponential_avg_factor);
+    });
+  }
+  return {f.y, f.batch_mean, f.batch_variance, f.rs1, f.rs2, f.rs3};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_batch_norm_grad_v3_cuda(const at::Tensor& y_backprop, const at::Tensor& x,
+                              const at::Tensor& scale, const at::Tensor& reserve_space_1,
+                              const at::Tensor& reserve_space_2, const at::Tensor& reserve_space_3,
+                              double epsilon, c10::string_view data_format, bool is_training) {
+  (void)reserve_space_3;
+  c10::cuda::CUDAGuard guard(x.device());
+  auto b = bn::prepare_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, data_format);
+  if (!b.done) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), bn::kBwd, [&] {
+      backward_cuda<scalar_t>(b, scale, reserve_space_1, reserve_space_2, epsilon, is_training);
+    });
+  }
+  return {b.x_backprop, b.scale_backprop, b.offset_backprop, b.rs4, b.rs5};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tfgrads, CUDA, m) {
+  m.impl("fused_batch_norm_v3", &fused_batch_norm_v3_cuda);
+  m.impl("fused_batch_norm_grad_v3", &fused_batch_norm_grad_v3_cuda);
+}
+
+}  // namespace torch_tfgrads

@@ -1,0 +1,47 @@
+"""Command line: `python -m torch_tfgrads parity` (the main job) and `check-build`."""
+import argparse
+import sys
+
+
+def _check_build(require_cuda):
+    import torch
+
+    import torch_tfgrads
+    from torch_tfgrads import _loader
+    from torch_tfgrads.parity import registered_ops
+
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), torch_tfgrads "
+          f"{torch_tfgrads.__version__}, CUDA kernels compiled: {_loader.WITH_CUDA}")
+    ok = True
+    for op in registered_ops():
+        keys = [k for k in ("CPU", "CUDA")
+                if torch._C._dispatch_has_kernel_for_dispatch_key(f"tfgrads::{op}", k)]
+        missing = {"CPU"} - set(keys) | ({"CUDA"} - set(keys) if require_cuda else set())
+        print(f"  tfgrads::{op}: kernels {', '.join(keys)}" + (f"  MISSING {missing}" if missing else ""))
+        ok &= not missing
+    # A CPU smoke run, so an import-time or registration problem cannot hide.
+    x = torch.randn(2, 3, 3, 4)
+    y = torch_tfgrads.fused_batch_norm_v3(x, torch.ones(4), torch.zeros(4))[0]
+    ok &= bool(torch.isfinite(y).all())
+    print("check-build:", "OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m torch_tfgrads")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("parity", help="compare every op with TensorFlow (or its reference)")
+    p.add_argument("--cases", type=int, default=24, help="random cases per family")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--family", action="append", help="only these families")
+    c = sub.add_parser("check-build", help="show which kernels are compiled in")
+    c.add_argument("--require-cuda", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cmd == "check-build":
+        return _check_build(args.require_cuda)
+    from torch_tfgrads.parity import run_parity
+    return run_parity(n_cases=args.cases, seed=args.seed, families=args.family)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
