@@ -58,7 +58,7 @@ def _extension():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     cxx = ["-O0", "-g"] if debug else ["-O3"]
-    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3", "--use_fast_math"]
+    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3"]  # no fast-math: TF parity
     cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
 
     simd = "baseline"
@@ -86,7 +86,7 @@ def _extension():
 
     ext = CUDAExtension if use_cuda else CppExtension
     extra = {"cxx": cxx, "nvcc": nvcc} if use_cuda else {"cxx": cxx}
-    return ext(
+    module = ext(
         f"{PKG}._C",
         sources,
         include_dirs=[os.path.join(ROOT, "csrc")],
@@ -95,6 +95,27 @@ def _extension():
         extra_link_args=["-fopenmp"],
         py_limited_api=True,
     )
+    if use_cuda:
+        _use_wheel_cudart(module)
+    return module
+
+
+def _use_wheel_cudart(module):
+    """A toolkit with only the compiler (no lib64/libcudart.so, as on our CPU machines) can still
+    link against the CUDA runtime that torch's own nvidia-cuda-runtime wheel ships."""
+    if glob.glob(os.path.join(CUDA_HOME, "lib64", "libcudart.so")) or \
+            glob.glob(os.path.join(CUDA_HOME, "lib", "libcudart.so")):
+        return
+    import site
+    for sp in site.getsitepackages():
+        found = sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib", "libcudart.so.*")) +
+                       glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib", "libcudart.so.*")))
+        if found:
+            module.library_dirs.append(os.path.dirname(found[0]))
+            module.libraries = [f":{os.path.basename(found[0])}" if lib == "cudart" else lib
+                                for lib in module.libraries]
+            print(f"torch_tfgrads: linking the CUDA runtime of torch's wheel: {found[0]}")
+            return
 
 
 setup(

@@ -1,0 +1,74 @@
+"""Shared benchmark helpers: thread setup, timing, copy bandwidth, TensorFlow in-process and on
+its Eigen path in a child process, and table printing.
+
+Benchmarks are never timed tests: they print numbers, they do not assert them.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+THREADS = int(os.environ.get("TFGRADS_BENCH_THREADS", "2"))
+
+
+def setup_threads():
+    torch.set_num_threads(THREADS)
+
+
+def import_tf():
+    """TensorFlow with its default CPU path (oneDNN unless the caller set TF_ENABLE_ONEDNN_OPTS=0),
+    limited to the benchmark's thread count. None if TensorFlow is not installed."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def median_ms(fn, min_time=0.25, min_runs=5, warmup=2):
+    """Median wall time of fn() in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_runs or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def copy_bandwidth_gbs(numel, dtype=torch.float32):
+    """Measured bytes/s (read + write) of a plain tensor copy of this many elements."""
+    src = torch.randn(numel).to(dtype)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+def run_child(script, args, env_overrides):
+    """Runs `script args` in a child process with env overrides; returns its last JSON line."""
+    env = dict(os.environ, **env_overrides)
+    out = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fmt_ms(v):
+    return f"{v:8.3f}" if v == v else f"{'-':>8}"
+
+
+def print_table(headers, rows):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    line = " | ".join(str(h).rjust(w) for h, w in zip(headers, widths))
+    print(line)
+    print("-|-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(str(c).rjust(w) for c, w in zip(r, widths)))
