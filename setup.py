@@ -56,6 +56,7 @@ def _extension():
     debug = _env_flag("DEBUG")
     use_cuda, why = _want_cuda()
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    sources += sorted(glob.glob(os.path.join("csrc", "common", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3"]  # no fast-math: TF parity

@@ -36,4 +36,45 @@ TORCH_LIBRARY(tfgrads, m) {
       "float epsilon=0.0001, str data_format=\"NHWC\", bool is_training=True) -> "
       "(Tensor x_backprop, Tensor scale_backprop, Tensor offset_backprop, "
       "Tensor reserve_space_4, Tensor reserve_space_5)");
+
+  // ---- FractionalPool family -------------------------------------------------------------
+  // tf.raw_ops.FractionalAvgPool / FractionalMaxPool on NHWC `value`. The sequences (int64,
+  // out_rows+1 and out_cols+1 elements, on value's device) are TF's for any nonzero seed pair;
+  // seeds (0, 0) are drawn from torch's default CPU generator (hence the seeded tag: the op
+  // must not be replayed, e.g. recomputed by a partitioner, as that would draw new cells).
+  m.def(
+      "fractional_avg_pool(Tensor value, float[] pooling_ratio, bool pseudo_random=False, "
+      "bool overlapping=False, bool deterministic=False, int seed=0, int seed2=0) -> "
+      "(Tensor output, Tensor row_pooling_sequence, Tensor col_pooling_sequence)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "fractional_avg_pool_grad(SymInt[] orig_input_tensor_shape, Tensor out_backprop, "
+      "Tensor row_pooling_sequence, Tensor col_pooling_sequence, bool overlapping=False) -> "
+      "Tensor");
+  m.def(
+      "fractional_max_pool(Tensor value, float[] pooling_ratio, bool pseudo_random=False, "
+      "bool overlapping=False, bool deterministic=False, int seed=0, int seed2=0) -> "
+      "(Tensor output, Tensor row_pooling_sequence, Tensor col_pooling_sequence)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "fractional_max_pool_grad(Tensor orig_input, Tensor orig_output, Tensor out_backprop, "
+      "Tensor row_pooling_sequence, Tensor col_pooling_sequence, bool overlapping=False) -> "
+      "Tensor");
+  // TF's GeneratePoolingSequence alone, for one axis on a fresh (seed, seed2) stream: the row
+  // sequence of the pool ops (their column sequence continues the same stream). CPU int64.
+  m.def(
+      "fractional_pooling_sequence(int input_length, int output_length, "
+      "bool pseudo_random=False, int seed=0, int seed2=0) -> Tensor",
+      {at::Tag::nondeterministic_seeded});
+  // Backward of the two gradient ops (both are linear in out_backprop), used by autograd for
+  // double backward. Average: pool `grad` over the given cells (the adjoint of
+  // fractional_avg_pool_grad). Max: read `grad` at each cell's argmax (the adjoint of
+  // fractional_max_pool_grad).
+  m.def(
+      "_fractional_avg_pool_grad_backward(Tensor grad, Tensor row_pooling_sequence, "
+      "Tensor col_pooling_sequence, bool overlapping=False) -> Tensor");
+  m.def(
+      "_fractional_max_pool_grad_backward(Tensor orig_input, Tensor orig_output, Tensor grad, "
+      "Tensor row_pooling_sequence, Tensor col_pooling_sequence, bool overlapping=False) -> "
+      "Tensor");
 }

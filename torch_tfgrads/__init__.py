@@ -11,8 +11,12 @@ from . import _loader  # noqa: F401  (checks the build matches this CPU, then lo
 from . import _meta  # noqa: F401
 from . import _autograd  # noqa: F401
 from . import nn
-from .ops import fused_batch_norm_grad_v3, fused_batch_norm_v3
+from .ops import (fractional_avg_pool, fractional_avg_pool_grad, fractional_max_pool,
+                  fractional_max_pool_grad, fractional_pooling_sequence,
+                  fused_batch_norm_grad_v3, fused_batch_norm_v3)
 
 __version__ = "0.1.0"
 
-__all__ = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3", "nn"]
+__all__ = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3", "fractional_avg_pool",
+           "fractional_avg_pool_grad", "fractional_max_pool", "fractional_max_pool_grad",
+           "fractional_pooling_sequence", "nn"]

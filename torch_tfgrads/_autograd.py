@@ -55,3 +55,113 @@ def _fbn_grad_backward(ctx, g_dx, g_dscale, g_doffset, *_unused):
 
 torch.library.register_autograd("tfgrads::fused_batch_norm_grad_v3", _fbn_grad_backward,
                                 setup_context=_fbn_grad_setup_context)
+
+
+# ---- FractionalPool family ------------------------------------------------------------------
+# TF's `_FractionalAvgPoolGrad` / `_FractionalMaxPoolGrad` (nn_grad.py): gradient for value
+# only, through our grad ops, with the sequences the forward returned (marked
+# non-differentiable). The grad ops are linear in out_backprop; their backward is the adjoint
+# (pooling over the same cells / reading at the same argmax), which is again linear with the
+# grad op as its adjoint, so every order of derivative is available.
+def _fap_setup_context(ctx, inputs, output):
+    value, _ratio, _pseudo, overlapping, *_ = inputs
+    _out, rows, cols = output
+    ctx.mark_non_differentiable(rows, cols)
+    ctx.save_for_backward(rows, cols)
+    ctx.shape, ctx.overlapping = list(value.shape), overlapping
+
+
+def _fap_backward(ctx, dy, *_unused):
+    rows, cols = ctx.saved_tensors
+    dx = torch.ops.tfgrads.fractional_avg_pool_grad(ctx.shape, dy, rows, cols, ctx.overlapping)
+    return dx, None, None, None, None, None, None
+
+
+torch.library.register_autograd("tfgrads::fractional_avg_pool", _fap_backward,
+                                setup_context=_fap_setup_context)
+
+
+def _fap_grad_setup_context(ctx, inputs, output):
+    _shape, _dy, rows, cols, overlapping = inputs
+    ctx.save_for_backward(rows, cols)
+    ctx.overlapping = overlapping
+
+
+def _fap_grad_backward(ctx, g):
+    rows, cols = ctx.saved_tensors
+    g_dy = torch.ops.tfgrads._fractional_avg_pool_grad_backward(g, rows, cols, ctx.overlapping)
+    return None, g_dy, None, None, None
+
+
+torch.library.register_autograd("tfgrads::fractional_avg_pool_grad", _fap_grad_backward,
+                                setup_context=_fap_grad_setup_context)
+
+
+def _fap_grad_bwd_setup_context(ctx, inputs, output):
+    g, rows, cols, overlapping = inputs
+    ctx.save_for_backward(rows, cols)
+    ctx.shape, ctx.overlapping = list(g.shape), overlapping
+
+
+def _fap_grad_bwd_backward(ctx, gg):
+    rows, cols = ctx.saved_tensors
+    return (torch.ops.tfgrads.fractional_avg_pool_grad(ctx.shape, gg, rows, cols,
+                                                        ctx.overlapping), None, None, None)
+
+
+torch.library.register_autograd("tfgrads::_fractional_avg_pool_grad_backward",
+                                _fap_grad_bwd_backward, setup_context=_fap_grad_bwd_setup_context)
+
+
+def _fmp_setup_context(ctx, inputs, output):
+    value, _ratio, _pseudo, overlapping, *_ = inputs
+    out, rows, cols = output
+    ctx.mark_non_differentiable(rows, cols)
+    ctx.save_for_backward(value, out, rows, cols)
+    ctx.overlapping = overlapping
+
+
+def _fmp_backward(ctx, dy, *_unused):
+    value, out, rows, cols = ctx.saved_tensors
+    dx = torch.ops.tfgrads.fractional_max_pool_grad(value, out, dy, rows, cols, ctx.overlapping)
+    return dx, None, None, None, None, None, None
+
+
+torch.library.register_autograd("tfgrads::fractional_max_pool", _fmp_backward,
+                                setup_context=_fmp_setup_context)
+
+
+# Gradient w.r.t. out_backprop only (TF gives none for orig_input/orig_output: the argmax is
+# piecewise constant in them).
+def _fmp_grad_setup_context(ctx, inputs, output):
+    x, y, _dy, rows, cols, overlapping = inputs
+    ctx.save_for_backward(x, y, rows, cols)
+    ctx.overlapping = overlapping
+
+
+def _fmp_grad_backward(ctx, g):
+    x, y, rows, cols = ctx.saved_tensors
+    g_dy = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, y, g, rows, cols,
+                                                                 ctx.overlapping)
+    return None, None, g_dy, None, None, None
+
+
+torch.library.register_autograd("tfgrads::fractional_max_pool_grad", _fmp_grad_backward,
+                                setup_context=_fmp_grad_setup_context)
+
+
+def _fmp_grad_bwd_setup_context(ctx, inputs, output):
+    x, y, _g, rows, cols, overlapping = inputs
+    ctx.save_for_backward(x, y, rows, cols)
+    ctx.overlapping = overlapping
+
+
+def _fmp_grad_bwd_backward(ctx, gg):
+    x, y, rows, cols = ctx.saved_tensors
+    return (None, None, torch.ops.tfgrads.fractional_max_pool_grad(x, y, gg, rows, cols,
+                                                                    ctx.overlapping),
+            None, None, None)
+
+
+torch.library.register_autograd("tfgrads::_fractional_max_pool_grad_backward",
+                                _fmp_grad_bwd_backward, setup_context=_fmp_grad_bwd_setup_context)

@@ -5,6 +5,7 @@ call fails the same way when traced as when run, and they report exactly the sha
 and strides that the real kernels return. csrc/tfgrads.cpp names this module with
 set_python_module: every fake must be registered here.
 """
+import math
 import struct
 
 import torch
@@ -125,3 +126,173 @@ def _fused_batch_norm_grad_v3_fake(y_backprop, x, scale, reserve_space_1, reserv
     x_backprop = empty_in_layout(x, x.shape, perm)
     return (x_backprop, x.new_empty((C,), dtype=pdt), x.new_empty((C,), dtype=pdt),
             x.new_empty((0,), dtype=pdt), x.new_empty((0,), dtype=pdt))
+
+
+# ---- FractionalPool family ------------------------------------------------------------------
+# Shapes only: the sequence values are checked by the kernels (they are data). Output rows and
+# columns are floor(float32(dim) / float32(ratio)) as in TF, which has no exact symbolic form,
+# so a symbolic H or W is specialised (a guard; the batch and channels stay dynamic).
+_FP_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
+              torch.bfloat16)
+
+
+def _fp_dtype(t, op, name):
+    torch._check(t.dtype in _FP_DTYPES, lambda: (
+        f"{op}: argument '{name}' must be float32, float64, int32, int64, float16 or bfloat16, "
+        f"got {t.dtype}"))
+
+
+def _fmt_g(v):
+    return "%g" % v
+
+
+def fractional_output_size(dim, ratio):
+    """TF's `static_cast<int>(floor(float(dim) / ratio))`, in float32."""
+    return int(math.floor(as_float32(as_float32(float(dim)) / as_float32(ratio))))
+
+
+def _fractional_pool_fake(op, is_max, value, pooling_ratio, deterministic, seed, seed2):
+    n = len(pooling_ratio)
+    torch._check(n >= 4, lambda: (
+        f"{op}: argument 'pooling_ratio': Length for attr 'pooling_ratio' of {n} must be at "
+        f"least minimum 4"))
+    torch._check(n == 4, lambda: (
+        f"{op}: argument 'pooling_ratio': pooling_ratio field must specify 4 dimensions"))
+    ratio = [as_float32(r) for r in pooling_ratio]
+    for r in ratio:
+        torch._check(r >= 1.0, lambda: (
+            f"{op}: argument 'pooling_ratio': pooling_ratio cannot be smaller than 1, "
+            f"got: {_fmt_g(r)}"))
+    if not (ratio[0] == 1.0 and ratio[3] == 1.0):
+        kind = "max" if is_max else "average"
+        raise NotImplementedError(
+            f"{op}: argument 'pooling_ratio': Fractional {kind} pooling is not yet supported on "
+            f"the batch nor channel dimension.")
+    torch._check(deterministic or (seed == 0 and seed2 == 0), lambda: (
+        f"{op}: argument 'seed': Both seed and seed2 should be 0 if deterministic is false."))
+    torch._check(value.dim() == 4, lambda: (
+        f"{op}: argument 'value': tensor_in must be 4-dimensional"))
+    _fp_dtype(value, op, "value")
+    N, C = value.shape[0], value.shape[3]
+    H, W = int(value.shape[1]), int(value.shape[2])  # specialises symbolic H, W (see above)
+    for i, d in enumerate((N, H, W, C)):
+        torch._check(d >= 1 if i in (0, 3) else as_float32(float(d)) >= ratio[i], lambda: (
+            f"{op}: argument 'value': Pooling ratio is higher than input dimension size for "
+            f"dimension {i}. Input dim size: {d} pooling ratio: {_fmt_g(ratio[i])}"))
+    out_h, out_w = fractional_output_size(H, ratio[1]), fractional_output_size(W, ratio[2])
+    return (value.new_empty((N, out_h, out_w, C)),
+            value.new_empty((out_h + 1,), dtype=torch.int64),
+            value.new_empty((out_w + 1,), dtype=torch.int64))
+
+
+@torch.library.register_fake("tfgrads::fractional_avg_pool")
+def _fractional_avg_pool_fake(value, pooling_ratio, pseudo_random=False, overlapping=False,
+                              deterministic=False, seed=0, seed2=0):
+    return _fractional_pool_fake("fractional_avg_pool", False, value, pooling_ratio,
+                                 deterministic, seed, seed2)
+
+
+@torch.library.register_fake("tfgrads::fractional_max_pool")
+def _fractional_max_pool_fake(value, pooling_ratio, pseudo_random=False, overlapping=False,
+                              deterministic=False, seed=0, seed2=0):
+    return _fractional_pool_fake("fractional_max_pool", True, value, pooling_ratio,
+                                 deterministic, seed, seed2)
+
+
+def _seq_dtype(t, op, name):
+    torch._check(t.dtype == torch.int64, lambda: (
+        f"{op}: argument '{name}' must be an int64 tensor, got {t.dtype}"))
+
+
+@torch.library.register_fake("tfgrads::fractional_avg_pool_grad")
+def _fractional_avg_pool_grad_fake(orig_input_tensor_shape, out_backprop, row_pooling_sequence,
+                                   col_pooling_sequence, overlapping=False):
+    op = "fractional_avg_pool_grad"
+    orig = list(orig_input_tensor_shape)
+    torch._check(len(orig) == 4, lambda: (
+        f"{op}: argument 'orig_input_tensor_shape': original input tensor shape must "
+        f"be1-dimensional and 4 elements"))
+    dy = out_backprop
+    torch._check(dy.dim() == 4, lambda: (
+        f"{op}: argument 'out_backprop': out_backprop must be 4-dimensional"))
+    for d in dy.shape:
+        torch._check(d > 0, lambda: (
+            f"{op}: argument 'out_backprop': out_backprop must be positive for all dimension, "
+            f"got:{d}"))
+    _fp_dtype(dy, op, "out_backprop")
+    for seq, name, short, n in ((row_pooling_sequence, "row_pooling_sequence", "row", dy.shape[1]),
+                                (col_pooling_sequence, "col_pooling_sequence", "col", dy.shape[2])):
+        torch._check(seq.numel() > n, lambda: (
+            f"{op}: argument '{name}': Given out_backprop shape {_tf_shape(dy.shape)}, "
+            f"{short}_seq_tensor must have at least {n + 1} elements, but got {seq.numel()}"))
+        _seq_dtype(seq, op, name)
+    for d, label in zip(orig, ("Batch", "Rows", "Columns", "Depth")):
+        torch._check(d != 0, lambda: (
+            f"{op}: argument 'orig_input_tensor_shape': {label} dimension of input must not be 0"))
+    for d in orig:
+        torch._check(d >= 0, lambda: (
+            f"{op}: argument 'orig_input_tensor_shape': Expected a non-negative size, got {d}"))
+    torch._check(dy.shape[0] == orig[0] and dy.shape[3] == orig[3], lambda: (
+        f"{op}: argument 'out_backprop': out_backprop batch/depth must match "
+        f"orig_input_tensor_shape, got out_backprop {_tf_shape(dy.shape)} for input "
+        f"{_tf_shape(orig)}"))
+    return dy.new_empty(orig)
+
+
+@torch.library.register_fake("tfgrads::fractional_max_pool_grad")
+def _fractional_max_pool_grad_fake(orig_input, orig_output, out_backprop, row_pooling_sequence,
+                                   col_pooling_sequence, overlapping=False):
+    op = "fractional_max_pool_grad"
+    x, y, dy = orig_input, orig_output, out_backprop
+    for t, name in ((x, "orig_input"), (y, "orig_output")):
+        torch._check(t.dim() == 4, lambda: (
+            f"{op}: argument '{name}': {name} should be a tensor of rank 4, got shape "
+            f"{_tf_shape(t.shape)}"))
+        torch._check(t.numel() > 0, lambda: (
+            f"{op}: argument '{name}': {name} must not be empty, got shape {_tf_shape(t.shape)}"))
+    for seq, name in ((row_pooling_sequence, "row_pooling_sequence"),
+                      (col_pooling_sequence, "col_pooling_sequence")):
+        torch._check(seq.dim() == 1, lambda: (
+            f"{op}: argument '{name}': {name} must be a vector, received shape "
+            f"{_tf_shape(seq.shape)}"))
+    _fp_dtype(x, op, "orig_input")
+    for t, name in ((y, "orig_output"), (dy, "out_backprop")):
+        torch._check(t.dtype == x.dtype, lambda: (
+            f"{op}: argument '{name}' must have the dtype of orig_input ({x.dtype}), got {t.dtype}"))
+    torch._check(y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3], lambda: (
+        f"{op}: argument 'orig_output': orig_output must have the batch and depth of orig_input"))
+    torch._check(dy.shape == y.shape, lambda: (
+        f"{op}: argument 'out_backprop': out_backprop must have the shape of orig_output"))
+    for seq, name, n in ((row_pooling_sequence, "row_pooling_sequence", y.shape[1]),
+                         (col_pooling_sequence, "col_pooling_sequence", y.shape[2])):
+        _seq_dtype(seq, op, name)
+        torch._check(seq.numel() == n + 1, lambda: (
+            f"{op}: argument '{name}' must have orig_output's rows/columns + 1 elements"))
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("tfgrads::fractional_pooling_sequence")
+def _fractional_pooling_sequence_fake(input_length, output_length, pseudo_random=False, seed=0,
+                                      seed2=0):
+    torch._check(1 <= output_length <= input_length, lambda: (
+        f"fractional_pooling_sequence: argument 'output_length' must be in [1, input_length = "
+        f"{input_length}], got {output_length}"))
+    return torch.empty((output_length + 1,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.register_fake("tfgrads::_fractional_avg_pool_grad_backward")
+def _fractional_avg_pool_grad_backward_fake(grad, row_pooling_sequence, col_pooling_sequence,
+                                            overlapping=False):
+    torch._check(grad.dim() == 4, lambda: "_fractional_avg_pool_grad_backward: argument 'grad' "
+                 "must be 4-dimensional (NHWC)")
+    return grad.new_empty((grad.shape[0], row_pooling_sequence.numel() - 1,
+                           col_pooling_sequence.numel() - 1, grad.shape[3]))
+
+
+@torch.library.register_fake("tfgrads::_fractional_max_pool_grad_backward")
+def _fractional_max_pool_grad_backward_fake(orig_input, orig_output, grad, row_pooling_sequence,
+                                            col_pooling_sequence, overlapping=False):
+    torch._check(grad.shape == orig_input.shape, lambda: (
+        "_fractional_max_pool_grad_backward: argument 'grad' must have the shape and dtype of "
+        "orig_input"))
+    return grad.new_empty(orig_output.shape)

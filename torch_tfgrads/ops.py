@@ -59,3 +59,108 @@ def fused_batch_norm_grad_v3(y_backprop, x, scale, reserve_space_1, reserve_spac
     return torch.ops.tfgrads.fused_batch_norm_grad_v3.default(
         y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3, epsilon,
         data_format, is_training)
+
+
+# ---- FractionalPool family --------------------------------------------------------------------
+def _ratio_list(pooling_ratio):
+    return [float(r) for r in pooling_ratio]
+
+
+def _shape_list(shape, op):
+    """`orig_input_tensor_shape` as TF takes it: a tensor, list or torch.Size of 4 ints."""
+    if isinstance(shape, torch.Tensor):
+        if shape.dim() != 1 or shape.numel() != 4:
+            raise RuntimeError(f"{op}: argument 'orig_input_tensor_shape': original input "
+                               "tensor shape must be1-dimensional and 4 elements")
+        return [int(s) for s in shape.tolist()]
+    return list(shape)
+
+
+def _sequence(seq, like):
+    if isinstance(seq, torch.Tensor):
+        return seq
+    return torch.as_tensor(seq, dtype=torch.int64, device=like.device)
+
+
+_POOL_DOC = """TF's `Fractional{Kind}Pool` on an NHWC tensor (Graham's fractional pooling).
+
+    Args:
+        value: ``[N, H, W, C]`` float32, float64, int32, int64, float16 or bfloat16 (half types
+            accumulate in float32). Any batch/row/column strides are read in place.
+        pooling_ratio: 4 floats ``[1, r_h, r_w, 1]``, each >= 1 (stored as float32, like TF);
+            the output has ``floor(H / r_h)`` rows and ``floor(W / r_w)`` columns.
+        pseudo_random: pseudo-random instead of random cell boundaries.
+        overlapping: cells include the first row/column of the next cell.
+        deterministic, seed, seed2: with a nonzero seed pair (``deterministic=True``) the
+            sequences are TF's, bit for bit. With ``seed = seed2 = 0`` they come from torch's
+            default CPU generator (``torch.manual_seed`` makes them reproducible; TF uses an
+            unseedable source). ``deterministic=False`` requires both seeds to be 0, as in TF.
+
+    Returns:
+        ``(output, row_pooling_sequence, col_pooling_sequence)``: the sequences are int64 cell
+        boundaries (``out_rows + 1`` and ``out_cols + 1`` values from 0 to H and W) on
+        ``value``'s device. Differentiable w.r.t. ``value``.
+    """
+
+
+def fractional_avg_pool(value, pooling_ratio, pseudo_random=False, overlapping=False,
+                        deterministic=False, seed=0, seed2=0):
+    return torch.ops.tfgrads.fractional_avg_pool.default(
+        value, _ratio_list(pooling_ratio), pseudo_random, overlapping, deterministic, seed, seed2)
+
+
+def fractional_max_pool(value, pooling_ratio, pseudo_random=False, overlapping=False,
+                        deterministic=False, seed=0, seed2=0):
+    return torch.ops.tfgrads.fractional_max_pool.default(
+        value, _ratio_list(pooling_ratio), pseudo_random, overlapping, deterministic, seed, seed2)
+
+
+fractional_avg_pool.__doc__ = _POOL_DOC.replace("{Kind}", "Avg") + """
+    Each output is the mean of its cell, summed in TF's order in value's dtype (float32 for
+    half types) and divided once by the cell size; integers divide with C++ truncation.
+    """
+fractional_max_pool.__doc__ = _POOL_DOC.replace("{Kind}", "Max") + """
+    Each output is the maximum of its cell (NaN inputs are skipped, as on TF's CPU).
+    """
+
+
+def fractional_avg_pool_grad(orig_input_tensor_shape, out_backprop, row_pooling_sequence,
+                             col_pooling_sequence, overlapping=False):
+    """TF's `FractionalAvgPoolGrad`: spreads each ``out_backprop`` value evenly over its cell.
+
+    Accumulates in float64 in TF's order and rounds once, so float32 results equal TF's bit for
+    bit. ``orig_input_tensor_shape`` may be a tensor, list or ``torch.Size``; the sequences a
+    tensor or list (int64). Unlike TF, out_backprop's batch and depth must match the input's and
+    the sequences must be increasing and within the input (TF corrupts its heap otherwise).
+    Differentiable w.r.t. ``out_backprop``.
+    """
+    op = "fractional_avg_pool_grad"
+    return torch.ops.tfgrads.fractional_avg_pool_grad.default(
+        _shape_list(orig_input_tensor_shape, op), out_backprop,
+        _sequence(row_pooling_sequence, out_backprop),
+        _sequence(col_pooling_sequence, out_backprop), overlapping)
+
+
+def fractional_max_pool_grad(orig_input, orig_output, out_backprop, row_pooling_sequence,
+                             col_pooling_sequence, overlapping=False):
+    """TF's `FractionalMaxPoolGrad`: routes each ``out_backprop`` value to its cell's maximum.
+
+    The maximum is recomputed from ``orig_input`` (the first one in scan order wins ties, as in
+    TF) and must equal ``orig_output``. Values routed to the same input element add up (in TF's
+    order). Differentiable w.r.t. ``out_backprop``.
+    """
+    return torch.ops.tfgrads.fractional_max_pool_grad.default(
+        orig_input, orig_output, out_backprop, _sequence(row_pooling_sequence, orig_input),
+        _sequence(col_pooling_sequence, orig_input), overlapping)
+
+
+def fractional_pooling_sequence(input_length, output_length, pseudo_random=False, seed=0,
+                                seed2=0):
+    """TF's pooling sequence for one axis: ``output_length + 1`` cumulative cell boundaries.
+
+    Generated on a fresh Philox stream for ``(seed, seed2)``, so this is the *row* sequence of
+    the pool ops with the same seeds; their column sequence continues the same stream after the
+    rows. Seeds ``(0, 0)`` draw from torch's default generator. Returns a CPU int64 tensor.
+    """
+    return torch.ops.tfgrads.fractional_pooling_sequence.default(
+        int(input_length), int(output_length), bool(pseudo_random), int(seed), int(seed2))

@@ -23,35 +23,12 @@
 #include <vector>
 
 #include "common/fused_batch_norm.h"
+#include "cpu/widen.h"
 
 namespace torch_tfgrads {
 namespace {
 
 using at::vec::Vectorized;
-
-// Loads/stores Vectorized<acc_t>::size() elements of scalar_t, widened to acc_t.
-template <typename scalar_t, typename acc_t>
-struct Widen {
-  using Vec = Vectorized<acc_t>;
-  static Vec load(const scalar_t* p) { return Vec::loadu(p); }
-  static void store(scalar_t* p, const Vec& v) { v.store(p); }
-};
-template <typename half_t>
-struct WidenReduced {
-  using Vec = Vectorized<float>;
-  static Vec load(const half_t* p) {
-    Vec v;
-    at::vec::load_to_float<half_t>(p, v);
-    return v;
-  }
-  static void store(half_t* p, const Vec& v) {
-    at::vec::convert_from_float<half_t>(v, v).store(p, Vec::size());
-  }
-};
-template <>
-struct Widen<c10::BFloat16, float> : WidenReduced<c10::BFloat16> {};
-template <>
-struct Widen<c10::Half, float> : WidenReduced<c10::Half> {};
 
 // Elements per chunk: 64 KiB of float per stream stays in L2 for the chunk's second pass.
 constexpr int64_t kChunkElems = 16384;

@@ -1,0 +1,36 @@
+// Vectorised loads and stores that widen float16/bfloat16 to float in registers (fp32
+// accumulation for the half types); float and double pass through. Shared by the CPU kernels.
+#pragma once
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+namespace torch_tfgrads {
+
+using at::vec::Vectorized;
+
+// Loads/stores Vectorized<acc_t>::size() elements of scalar_t, widened to acc_t.
+template <typename scalar_t, typename acc_t>
+struct Widen {
+  using Vec = Vectorized<acc_t>;
+  static Vec load(const scalar_t* p) { return Vec::loadu(p); }
+  static void store(scalar_t* p, const Vec& v) { v.store(p); }
+};
+template <typename half_t>
+struct WidenReduced {
+  using Vec = Vectorized<float>;
+  static Vec load(const half_t* p) {
+    Vec v;
+    at::vec::load_to_float<half_t>(p, v);
+    return v;
+  }
+  static void store(half_t* p, const Vec& v) {
+    at::vec::convert_from_float<half_t>(v, v).store(p, Vec::size());
+  }
+};
+template <>
+struct Widen<c10::BFloat16, float> : WidenReduced<c10::BFloat16> {};
+template <>
+struct Widen<c10::Half, float> : WidenReduced<c10::Half> {};
+
+}  // namespace torch_tfgrads
