@@ -70,3 +70,63 @@ def test_export_keeps_one_node_per_op():
     assert targets.count(torch.ops.tfgrads.fused_batch_norm_v3.default) == 2
     x2 = torch.randn(5, 3, 6, 6)
     torch.testing.assert_close(ep.module()(x2), model(x2))
+
+
+# ---- FractionalPool -----------------------------------------------------------------------------
+class ConvFractionalPool(torch.nn.Module):
+    """conv (NCHW) -> NHWC view -> fractional max pool -> fractional avg pool (overlapping)."""
+
+    def __init__(self, seeded=True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        seeds = dict(deterministic=True, seed=7, seed2=3) if seeded else {}
+        self.max_pool = T.nn.FractionalMaxPool2d(1.44, pseudo_random=True, **seeds)
+        self.avg_pool = T.nn.FractionalAvgPool2d((1.3, 1.7), overlapping=True, **seeds)
+
+    def forward(self, x):
+        h = self.conv(x).permute(0, 2, 3, 1)
+        return self.avg_pool(torch.relu(self.max_pool(h)))
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_compile_fractional_pool_fullgraph_dynamic(seeded):
+    torch._dynamo.reset()
+    model = ConvFractionalPool(seeded)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for shape in [(2, 3, 12, 12), (5, 3, 12, 12), (3, 3, 11, 14)]:
+        x = torch.randn(shape, requires_grad=True)
+        torch.manual_seed(1)  # zero seeds: the sequences come from torch's generator
+        y_e, g_e = _run(model, x)
+        rows_e = model.avg_pool.row_pooling_sequence
+        torch.manual_seed(1)
+        y_c, g_c = _run(compiled, x)
+        assert torch.equal(model.avg_pool.row_pooling_sequence, rows_e)
+        torch.testing.assert_close(y_c, y_e)
+        for a, b in zip(g_c, g_e):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_fractional_pool_double_backward():
+    torch._dynamo.reset()
+
+    def f(x):
+        y = T.fractional_avg_pool(x, [1, 1.5, 1.5, 1], False, True, True, 1, 2)[0]
+        (gx,) = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+        return gx
+
+    x = torch.randn(2, 9, 9, 3, dtype=torch.float64, requires_grad=True)
+    with torch._functorch.config.patch(donated_buffer=False):
+        compiled = torch.compile(f, fullgraph=False, dynamic=True)(x)
+    torch.testing.assert_close(compiled, f(x))
+
+
+def test_export_fractional_pool():
+    model = ConvFractionalPool().eval()
+    x = torch.randn(2, 3, 12, 12)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.tfgrads.fractional_max_pool.default in targets
+    assert torch.ops.tfgrads.fractional_avg_pool.default in targets
+    x2 = torch.randn(5, 3, 12, 12)
+    torch.testing.assert_close(ep.module()(x2), model(x2))

@@ -82,15 +82,16 @@ torch.library.register_autograd("tfgrads::fractional_avg_pool", _fap_backward,
 
 
 def _fap_grad_setup_context(ctx, inputs, output):
-    _shape, _dy, rows, cols, overlapping = inputs
+    _shape, dy, rows, cols, overlapping = inputs
     ctx.save_for_backward(rows, cols)
-    ctx.overlapping = overlapping
+    ctx.overlapping, ctx.dy_shape = overlapping, dy.shape
 
 
 def _fap_grad_backward(ctx, g):
     rows, cols = ctx.saved_tensors
     g_dy = torch.ops.tfgrads._fractional_avg_pool_grad_backward(g, rows, cols, ctx.overlapping)
-    return None, g_dy, None, None, None
+    n, oh, ow, c = ctx.dy_shape  # out_backprop may have had fewer images/channels (TF allows it)
+    return None, g_dy[:n, :oh, :ow, :c], None, None, None
 
 
 torch.library.register_autograd("tfgrads::fractional_avg_pool_grad", _fap_grad_backward,

@@ -232,9 +232,9 @@ def _fractional_avg_pool_grad_fake(orig_input_tensor_shape, out_backprop, row_po
     for d in orig:
         torch._check(d >= 0, lambda: (
             f"{op}: argument 'orig_input_tensor_shape': Expected a non-negative size, got {d}"))
-    torch._check(dy.shape[0] == orig[0] and dy.shape[3] == orig[3], lambda: (
-        f"{op}: argument 'out_backprop': out_backprop batch/depth must match "
-        f"orig_input_tensor_shape, got out_backprop {_tf_shape(dy.shape)} for input "
+    torch._check(dy.shape[0] <= orig[0] and dy.shape[3] <= orig[3], lambda: (
+        f"{op}: argument 'out_backprop': out_backprop batch/depth must not exceed "
+        f"orig_input_tensor_shape's, got out_backprop {_tf_shape(dy.shape)} for input "
         f"{_tf_shape(orig)}"))
     return dy.new_empty(orig)
 

@@ -130,8 +130,9 @@ def fractional_avg_pool_grad(orig_input_tensor_shape, out_backprop, row_pooling_
 
     Accumulates in float64 in TF's order and rounds once, so float32 results equal TF's bit for
     bit. ``orig_input_tensor_shape`` may be a tensor, list or ``torch.Size``; the sequences a
-    tensor or list (int64). Unlike TF, out_backprop's batch and depth must match the input's and
-    the sequences must be increasing and within the input (TF corrupts its heap otherwise).
+    tensor or list (int64). out_backprop's batch and depth may be smaller than the input's (the
+    rest gets zero gradient, as in TF) but not larger, and the sequences must be increasing and
+    within the input (TF corrupts its heap or reads out of bounds otherwise).
     Differentiable w.r.t. ``out_backprop``.
     """
     op = "fractional_avg_pool_grad"

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -308,16 +309,24 @@ GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig, const at::Tensor&
                 "multiplying ", numel, " with ", orig[i], ", result: -1");
     numel = product;
   }
-  // TF reads and writes out of bounds past these (heap corruption in TF 2.21).
-  TORCH_CHECK(dy.size(0) == orig[0] && dy.size(3) == orig[3], op, ": argument 'out_backprop': "
-              "out_backprop batch/depth must match orig_input_tensor_shape, got out_backprop ",
-              tf_shape(dy.sizes()), " for input ", tf_shape(orig));
+  // TF writes out of bounds past these (heap corruption in TF 2.21). Smaller is TF-valid: the
+  // missing images/channels get zero gradient (the kernels see a zero-padded out_backprop).
+  TORCH_CHECK(dy.size(0) <= orig[0] && dy.size(3) <= orig[3], op, ": argument 'out_backprop': "
+              "out_backprop batch/depth must not exceed orig_input_tensor_shape's, got "
+              "out_backprop ", tf_shape(dy.sizes()), " for input ", tf_shape(orig));
   check_not_negative_like_tf(op, rows, cols, out_rows, out_cols, overlapping, orig[1], orig[2]);
   check_cells(op, "row_pooling_sequence", rows, out_rows, orig[1], "rows");
   check_cells(op, "col_pooling_sequence", cols, out_cols, orig[2], "columns");
   return {orig[0], orig[1], orig[2], orig[3],
           plan_axis(rows.data(), out_rows, overlapping, orig[1]),
           plan_axis(cols.data(), out_cols, overlapping, orig[2])};
+}
+
+at::Tensor pad_out_backprop(const at::Tensor& dy, const GradPlan& g) {
+  if (dy.size(0) == g.N && dy.size(3) == g.C) return dy;
+  at::Tensor padded = at::zeros({g.N, dy.size(1), dy.size(2), g.C}, dy.options());
+  padded.narrow(0, 0, dy.size(0)).narrow(3, 0, dy.size(3)).copy_(dy);
+  return padded;
 }
 
 GradPlan check_max_grad(const char* op, const at::Tensor& x, const at::Tensor& y,

@@ -64,11 +64,15 @@ struct GradPlan {
 };
 
 // FractionalAvgPoolGrad's checks (§9.1) in TF's order, plus: out_backprop batch/depth must
-// equal the input's, and the used sequence entries must be strictly increasing and at most the
+// not exceed the input's, and the used sequence entries must be strictly increasing and at most the
 // input's rows/columns. Sequences may live on any device (they are read on the host).
 GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig_input_tensor_shape,
                         const at::Tensor& out_backprop, const at::Tensor& row_pooling_sequence,
                         const at::Tensor& col_pooling_sequence, bool overlapping);
+
+// out_backprop as [N, out_rows, out_cols, C]: zero-padded when its batch/depth are smaller than
+// the input's (TF accepts that and leaves those gradients zero).
+at::Tensor pad_out_backprop(const at::Tensor& out_backprop, const GradPlan& plan);
 
 // FractionalMaxPoolGrad's checks (§10.1) in TF's order, plus the ones whose absence lets TF
 // 2.21 corrupt its heap: orig_output's batch/depth, out_backprop's shape, sequence lengths and

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -191,6 +192,18 @@ void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
       for (int64_t w = 0; w < W; ++w) {
         scalar_t* o = dxp + (item * W + w) * C;
         const int64_t c_first = cols.first[w], c_last = cols.last[w];
+        if constexpr (!std::is_integral_v<scalar_t>) {
+          if (r_first == r_last && c_first == c_last) {
+            // One covering cell (all but the shared boundaries): T(double(dy) / n) equals the
+            // division in float for float32 (double rounding is innocuous for division,
+            // 53 >= 2 * 24 + 2), and float division is twice as wide per vector.
+            using A = acc_t<scalar_t>;
+            const A n = static_cast<A>(rows.count(r_first) * cols.count(c_first));
+            const scalar_t* p = dyp + b * sN + r_first * sH + c_first * sW;
+            for (int64_t d = 0; d < C; ++d) o[d] = static_cast<scalar_t>(static_cast<A>(p[d]) / n);
+            continue;
+          }
+        }
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t r = r_first; r <= r_last; ++r) {
           for (int64_t c = c_first; c <= c_last; ++c) {
@@ -225,7 +238,7 @@ at::Tensor fractional_avg_pool_grad_cpu(c10::SymIntArrayRef orig_input_tensor_sh
   const auto shape = C10_AS_INTARRAYREF_SLOW(orig_input_tensor_shape);
   const GradPlan g = fracpool::check_avg_grad(op, shape, out_backprop, row_pooling_sequence,
                                               col_pooling_sequence, overlapping);
-  const at::Tensor dy = channels_contiguous(out_backprop);
+  const at::Tensor dy = channels_contiguous(fracpool::pad_out_backprop(out_backprop, g));
   at::Tensor dx = at::empty({g.N, g.H, g.W, g.C}, out_backprop.options());
   if (at::isIntegralType(dy.scalar_type(), false)) {
     AT_DISPATCH_INDEX_TYPES(dy.scalar_type(), op, [&] { avg_grad_kernel<index_t>(dy, dx, g); });
@@ -238,47 +251,98 @@ at::Tensor fractional_avg_pool_grad_cpu(c10::SymIntArrayRef orig_input_tensor_sh
 }
 
 // ---- FractionalMaxPoolGrad --------------------------------------------------------------------
-// Pass 1: argmax of every (b, i, j, d) as the flat NHWC index into x; false if a recomputed max
+// Pass 1 stores, per output element, the position of its cell's maximum inside the cell
+// (row-major within the cell, 0 = the cell's first element), as a value of the accumulation
+// type so that the scan is branch-free Vectorized code: `best < v` selects both the value and
+// the position. The first element is taken unconditionally and later ones only when strictly
+// greater: TF's tie rule (first maximum in scan order). Returns false if a recomputed maximum
 // differs from orig_output (TF's "tensor_out_dup" check; a NaN first in its cell fails it).
+// One cell of x at batch b: rows r0..r1, columns c0..c1 (inclusive).
 template <typename scalar_t>
-bool argmax_pass(const at::Tensor& x, const at::Tensor& y, int64_t* argmax, const GradPlan& g) {
+struct CellRef {
+  const scalar_t* x;  // x at (b, 0, 0, 0)
+  int64_t sH, sW, r0, r1, c0, c1;
+};
+
+// K channel vectors of one cell: maximum and its in-cell position, blended branch-free; true if
+// every maximum equals orig_output.
+template <typename scalar_t, int K>
+bool argmax_vectors(const CellRef<scalar_t>& c, int64_t d, acc_t<scalar_t>* pos,
+                    const scalar_t* y) {
   using A = acc_t<scalar_t>;
-  const int64_t H = g.H, W = g.W, C = g.C, OH = g.rows.cells, OW = g.cols.cells;
+  using Wd = Widen<scalar_t, A>;
+  using Vec = Vectorized<A>;
+  constexpr int64_t L = Vec::size();
+  Vec best[K], at[K];
+  const scalar_t* first = c.x + c.r0 * c.sH + c.c0 * c.sW + d;
+  for (int k = 0; k < K; ++k) {
+    best[k] = Wd::load(first + k * L);
+    at[k] = Vec(A(0));
+  }
+  A p = A(0);
+  for (int64_t h = c.r0; h <= c.r1; ++h) {
+    const scalar_t* row = c.x + h * c.sH + d;
+    for (int64_t w = (h == c.r0 ? c.c0 + 1 : c.c0); w <= c.c1; ++w) {
+      p = static_cast<A>((h - c.r0) * (c.c1 - c.c0 + 1) + (w - c.c0));
+      const Vec here(p);
+      for (int k = 0; k < K; ++k) {
+        const Vec v = Wd::load(row + w * c.sW + k * L);
+        const Vec take = best[k] < v;
+        best[k] = Vec::blendv(best[k], v, take);
+        at[k] = Vec::blendv(at[k], here, take);
+      }
+    }
+  }
+  bool ok = true;
+  for (int k = 0; k < K; ++k) {
+    at[k].store(pos + k * L);
+    ok &= (best[k] == Wd::load(y + k * L)).zero_mask() == 0;
+  }
+  return ok;
+}
+
+template <typename scalar_t>
+bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
+                 const GradPlan& g) {
+  using A = acc_t<scalar_t>;
+  constexpr int64_t L = Vectorized<A>::size();
+  constexpr bool kVector = !std::is_integral_v<scalar_t>;
+  const int64_t W = g.W, C = g.C, OH = g.rows.cells, OW = g.cols.cells;
   const int64_t sN = x.stride(0), sH = x.stride(1), sW = x.stride(2);
   const scalar_t* xp = x.const_data_ptr<scalar_t>();
   const scalar_t* yp = y.const_data_ptr<scalar_t>();
   std::atomic<bool> same{true};
-  at::parallel_for(0, g.N * OH, grain_for((H / OH + 1) * W * C), [&](int64_t begin, int64_t end) {
-    std::vector<A> best(C);
+  at::parallel_for(0, g.N * OH, grain_for((g.H / OH + 1) * W * C), [&](int64_t begin, int64_t end) {
     bool ok = true;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / OH, i = item % OH;
       const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
       for (int64_t j = 0; j < OW; ++j) {
         const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j];
-        int64_t* arg = argmax + (item * OW + j) * C;
-        // The first element of the cell is taken unconditionally (TF's `arg == -1` branch).
-        const scalar_t* first = xp + b * sN + r0 * sH + c0 * sW;
-        const int64_t first_index = ((b * H + r0) * W + c0) * C;
-        for (int64_t d = 0; d < C; ++d) {
-          best[d] = static_cast<A>(first[d]);
-          arg[d] = first_index + d;
+        const int64_t k = (item * OW + j) * C;
+        const scalar_t* cell = xp + b * sN + r0 * sH + c0 * sW;
+        int64_t d = 0;
+        if constexpr (kVector) {
+          const CellRef<scalar_t> cr{xp + b * sN, sH, sW, r0, r1, c0, c1};
+          for (; d + 4 * L <= C; d += 4 * L)
+            ok &= argmax_vectors<scalar_t, 4>(cr, d, pos + k + d, yp + k + d);
+          for (; d + L <= C; d += L)
+            ok &= argmax_vectors<scalar_t, 1>(cr, d, pos + k + d, yp + k + d);
         }
-        for (int64_t h = r0; h <= r1; ++h) {
-          for (int64_t w = (h == r0 ? c0 + 1 : c0); w <= c1; ++w) {
-            const scalar_t* p = xp + b * sN + h * sH + w * sW;
-            const int64_t index = ((b * H + h) * W + w) * C;
-            for (int64_t d = 0; d < C; ++d) {
-              const A v = static_cast<A>(p[d]);
-              if (best[d] < v) {
-                best[d] = v;
-                arg[d] = index + d;
+        for (; d < C; ++d) {
+          A best = static_cast<A>(cell[d]), p = A(0), at = A(0);
+          for (int64_t h = r0; h <= r1; ++h) {
+            for (int64_t w = c0; w <= c1; ++w, p += A(1)) {
+              const A v = static_cast<A>(xp[b * sN + h * sH + w * sW + d]);
+              if (best < v) {
+                best = v;
+                at = p;
               }
             }
           }
+          pos[k + d] = at;
+          ok &= best == static_cast<A>(yp[k + d]);
         }
-        const scalar_t* out = yp + (item * OW + j) * C;
-        for (int64_t d = 0; d < C; ++d) ok &= (best[d] == static_cast<A>(out[d]));
       }
     }
     if (!ok) same = false;
@@ -286,50 +350,157 @@ bool argmax_pass(const at::Tensor& x, const at::Tensor& y, int64_t* argmax, cons
   return same;
 }
 
-// Pass 2: dx[e] = sum, over the cells covering e in TF's order, of dy where argmax == e.
+// The gradient in one pass over the cells, in TF's (i, j) order: each cell's argmax (as in
+// argmax_vectors), the orig_output check, then every element of the cell receives dy where it
+// is the maximum and 0 elsewhere. An element's first covering cell assigns, later ones (shared
+// boundaries of overlapping cells) add: TF's scatter-add order, without zero-filling dx and
+// without an argmax buffer. Cells of one task are visited in order; tasks never share an
+// element (non-overlapping: one task per cell row; overlapping: per image and channel block).
 template <typename scalar_t>
-void max_grad_gather(const at::Tensor& dy, const int64_t* argmax, at::Tensor& dx,
-                     const GradPlan& g) {
+struct MaxGradPass {
   using A = acc_t<scalar_t>;
-  const int64_t H = g.H, W = g.W, C = g.C, OH = g.rows.cells, OW = g.cols.cells;
-  const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
-  scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-  at::parallel_for(0, g.N * H, grain_for(W * C), [&](int64_t begin, int64_t end) {
-    std::vector<A> acc(C);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / H, h = item % H;
-      for (int64_t w = 0; w < W; ++w) {
-        const int64_t index = (item * W + w) * C;
-        std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t r = g.rows.first[h]; r <= g.rows.last[h]; ++r) {
-          for (int64_t c = g.cols.first[w]; c <= g.cols.last[w]; ++c) {
-            const int64_t k = ((b * OH + r) * OW + c) * C;
-            const int64_t* arg = argmax + k;
-            const scalar_t* grad = dyp + k;
-            for (int64_t d = 0; d < C; ++d) {
-              const A v = arg[d] == index + d ? static_cast<A>(grad[d]) : A(0);
-              if constexpr (std::is_integral_v<A>) {
-                acc[d] = wrap_add(acc[d], v);
-              } else {
-                acc[d] = acc[d] + v;  // + 0 where not the argmax: same value, same rounding
-              }
-            }
-          }
+  using Wd = Widen<scalar_t, A>;
+  using Vec = Vectorized<A>;
+  static constexpr int64_t L = Vec::size();
+
+  const scalar_t *x, *y, *dy;
+  scalar_t* dx;
+  int64_t sN, sH, sW, H, W, C, OH, OW;
+  const GradPlan& g;
+
+  template <int K>
+  bool cell_vectors(int64_t b, int64_t i, int64_t j, int64_t d) const {
+    const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
+    const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j], cw = c1 - c0 + 1;
+    const int64_t k_out = ((b * OH + i) * OW + j) * C + d;
+    const scalar_t* xb = x + b * sN + d;
+    Vec best[K], at[K], grad[K];
+    for (int k = 0; k < K; ++k) {
+      best[k] = Wd::load(xb + r0 * sH + c0 * sW + k * L);
+      at[k] = Vec(A(0));
+    }
+    for (int64_t h = r0; h <= r1; ++h) {
+      for (int64_t w = (h == r0 ? c0 + 1 : c0); w <= c1; ++w) {
+        const Vec here(static_cast<A>((h - r0) * cw + (w - c0)));
+        for (int k = 0; k < K; ++k) {
+          const Vec v = Wd::load(xb + h * sH + w * sW + k * L);
+          const Vec take = best[k] < v;
+          best[k] = Vec::blendv(best[k], v, take);
+          at[k] = Vec::blendv(at[k], here, take);
         }
-        for (int64_t d = 0; d < C; ++d) dxp[index + d] = static_cast<scalar_t>(acc[d]);
       }
     }
-  });
-}
+    bool ok = true;
+    for (int k = 0; k < K; ++k) {
+      ok &= (best[k] == Wd::load(y + k_out + k * L)).zero_mask() == 0;
+      grad[k] = Wd::load(dy + k_out + k * L);
+    }
+    const Vec zero(A(0));
+    for (int64_t h = r0; h <= r1; ++h) {
+      const bool first_row = g.rows.first[h] == i;
+      for (int64_t w = c0; w <= c1; ++w) {
+        const bool assign = first_row && g.cols.first[w] == j;
+        const Vec here(static_cast<A>((h - r0) * cw + (w - c0)));
+        scalar_t* o = dx + ((b * H + h) * W + w) * C + d;
+        for (int k = 0; k < K; ++k) {
+          const Vec v = Vec::blendv(zero, grad[k], at[k] == here);
+          Wd::store(o + k * L, assign ? v : Wd::load(o + k * L) + v);
+        }
+      }
+    }
+    return ok;
+  }
+
+  bool cell_scalars(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1) const {
+    const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
+    const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j];
+    const int64_t k_out = ((b * OH + i) * OW + j) * C;
+    bool ok = true;
+    for (int64_t d = d0; d < d1; ++d) {
+      A best = static_cast<A>(x[b * sN + r0 * sH + c0 * sW + d]);
+      int64_t bh = r0, bw = c0;
+      for (int64_t h = r0; h <= r1; ++h) {
+        for (int64_t w = c0; w <= c1; ++w) {
+          const A v = static_cast<A>(x[b * sN + h * sH + w * sW + d]);
+          if (best < v) {
+            best = v;
+            bh = h;
+            bw = w;
+          }
+        }
+      }
+      ok &= best == static_cast<A>(y[k_out + d]);
+      const A grad = static_cast<A>(dy[k_out + d]);
+      for (int64_t h = r0; h <= r1; ++h) {
+        for (int64_t w = c0; w <= c1; ++w) {
+          const A v = (h == bh && w == bw) ? grad : A(0);
+          scalar_t* o = dx + ((b * H + h) * W + w) * C + d;
+          if (g.rows.first[h] == i && g.cols.first[w] == j) {
+            *o = static_cast<scalar_t>(v);
+          } else if constexpr (std::is_integral_v<A>) {
+            *o = wrap_add(static_cast<A>(*o), v);
+          } else {
+            *o = static_cast<scalar_t>(static_cast<A>(*o) + v);
+          }
+        }
+      }
+    }
+    return ok;
+  }
+
+  // Cells rows [i0, i1) x all columns of image b, channels [d0, d1).
+  bool run(int64_t b, int64_t i0, int64_t i1, int64_t d0, int64_t d1) const {
+    bool ok = true;
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t j = 0; j < OW; ++j) {
+        int64_t d = d0;
+        if constexpr (!std::is_integral_v<scalar_t>) {
+          for (; d + 4 * L <= d1; d += 4 * L) ok &= cell_vectors<4>(b, i, j, d);
+          for (; d + L <= d1; d += L) ok &= cell_vectors<1>(b, i, j, d);
+        }
+        if (d < d1) ok &= cell_scalars(b, i, j, d, d1);
+      }
+    }
+    return ok;
+  }
+};
 
 template <typename scalar_t>
 void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy,
-                     at::Tensor& dx, const GradPlan& g) {
-  std::vector<int64_t> argmax(static_cast<size_t>(y.numel()));
-  TORCH_CHECK(argmax_pass<scalar_t>(x, y, argmax.data(), g), "fractional_max_pool_grad: "
-              "argument 'orig_output': ", fracpool::kOutputMismatch,
+                     at::Tensor& dx, const GradPlan& g, bool overlapping) {
+  const int64_t OH = g.rows.cells, OW = g.cols.cells, C = g.C;
+  const MaxGradPass<scalar_t> pass{
+      x.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(),
+      dx.mutable_data_ptr<scalar_t>(), x.stride(0), x.stride(1), x.stride(2), g.H, g.W, C, OH,
+      OW, g};
+  // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
+  // cell covers (and the pass never writes): their gradient is zero.
+  auto covered = [](const AxisPlan& a) {
+    for (int64_t i = 0; i < a.size; ++i)
+      if (a.last[i] < a.first[i]) return false;
+    return true;
+  };
+  if (!covered(g.rows) || !covered(g.cols)) dx.zero_();
+  std::atomic<bool> same{true};
+  const int64_t cell_row = (g.H / OH + 1) * g.W * C;
+  if (!overlapping) {  // cells are disjoint: any cell row is its own task
+    at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        if (!pass.run(t / OH, t % OH, t % OH + 1, 0, C)) same = false;
+    });
+  } else {  // boundaries are shared between cell rows: one task per image and channel block
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (C + kBlock - 1) / kBlock;
+    at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
+        if (!pass.run(t / blocks, 0, OH, d0, d1)) same = false;
+      }
+    });
+  }
+  TORCH_CHECK(same, "fractional_max_pool_grad: argument 'orig_output': ",
+              fracpool::kOutputMismatch,
               " (orig_output is not the fractional max pool of orig_input with these sequences)");
-  max_grad_gather<scalar_t>(dy, argmax.data(), dx, g);
 }
 
 at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input,
@@ -348,11 +519,11 @@ at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input,
   at::Tensor dx = at::empty({g.N, g.H, g.W, g.C}, orig_input.options());
   if (at::isIntegralType(x.scalar_type(), false)) {
     AT_DISPATCH_INDEX_TYPES(x.scalar_type(), op, [&] {
-      max_grad_kernel<index_t>(x, y, dy, dx, g);
+      max_grad_kernel<index_t>(x, y, dy, dx, g, overlapping);
     });
   } else {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-      max_grad_kernel<scalar_t>(x, y, dy, dx, g);
+      max_grad_kernel<scalar_t>(x, y, dy, dx, g, overlapping);
     });
   }
   return dx;
@@ -398,14 +569,27 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
   const at::Tensor y = orig_output.contiguous();
   const at::Tensor gin = grad.contiguous();
   at::Tensor out = at::empty(y.sizes(), grad.options());
-  std::vector<int64_t> argmax(static_cast<size_t>(y.numel()));
   auto gather = [&](auto tag) {
     using scalar_t = decltype(tag);
-    argmax_pass<scalar_t>(x, y, argmax.data(), g);  // a mismatch was reported by the grad op
+    using A = acc_t<scalar_t>;
+    std::unique_ptr<A[]> pos(new A[y.numel()]);
+    argmax_pass<scalar_t>(x, y, pos.get(), g);  // a mismatch was reported by the grad op
     const scalar_t* src = gin.const_data_ptr<scalar_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, y.numel(), 32768, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) dst[k] = src[argmax[k]];
+    const int64_t OH = g.rows.cells, OW = g.cols.cells, C = g.C;
+    at::parallel_for(0, g.N * OH, grain_for(OW * C), [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t b = item / OH, i = item % OH;
+        for (int64_t j = 0; j < OW; ++j) {
+          const int64_t width = g.cols.count(j);
+          for (int64_t d = 0; d < C; ++d) {
+            const int64_t k = (item * OW + j) * C + d;
+            const auto p = static_cast<int64_t>(pos[k]);
+            const int64_t h = g.rows.start[i] + p / width, w = g.cols.start[j] + p % width;
+            dst[k] = src[((b * g.H + h) * g.W + w) * C + d];
+          }
+        }
+      }
     });
   };
   if (at::isIntegralType(x.scalar_type(), false)) {

@@ -10,7 +10,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-FAMILIES = {"FusedBatchNorm": "torch_tfgrads.parity.fused_batch_norm"}
+FAMILIES = {"FusedBatchNorm": "torch_tfgrads.parity.fused_batch_norm",
+            "FractionalPool": "torch_tfgrads.parity.fractional_pool"}
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""Benchmark: fractional_{avg,max}_pool and their gradients (float32, NHWC) vs TensorFlow's raw
+ops (Eigen kernels: oneDNN has none for these ops) and, for the max variant, PyTorch's
+fractional_max_pool2d(_backward) on the same memory viewed as a channels_last NCHW tensor
+(kernel 2, same output size).
+
+Prints medians in ms, ours/TF (target <= 0.5), ours/torch (target <= 1 for max), and our
+effective bandwidth (forward reads x and writes y; grad reads dy and writes dx, plus x and y for
+max) against a measured copy of the input's size.
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+SHAPES = [(16, 64, 64, 32), (8, 112, 112, 16)]
+RATIOS = [1.44, 1.73]
+
+
+def tf_times(tf, kind, x, out, dy, rows, cols, ratio, overlapping):
+    tx, ty, tdy = tf.constant(x.numpy()), tf.constant(out.numpy()), tf.constant(dy.numpy())
+    tr, tc = tf.constant(rows.numpy()), tf.constant(cols.numpy())
+    pr = [1.0, ratio, ratio, 1.0]
+    op = tf.raw_ops.FractionalAvgPool if kind == "avg" else tf.raw_ops.FractionalMaxPool
+    fwd = common.median_ms(lambda: op(value=tx, pooling_ratio=pr, overlapping=overlapping,
+                                      deterministic=True, seed=1, seed2=2)[0].numpy())
+    if kind == "avg":
+        shape = tf.constant(list(x.shape), tf.int64)
+        grad = common.median_ms(lambda: tf.raw_ops.FractionalAvgPoolGrad(
+            orig_input_tensor_shape=shape, out_backprop=tdy, row_pooling_sequence=tr,
+            col_pooling_sequence=tc, overlapping=overlapping).numpy())
+    else:
+        grad = common.median_ms(lambda: tf.raw_ops.FractionalMaxPoolGrad(
+            orig_input=tx, orig_output=ty, out_backprop=tdy, row_pooling_sequence=tr,
+            col_pooling_sequence=tc, overlapping=overlapping).numpy())
+    return fwd, grad
+
+
+def torch_max_times(x, out_hw):
+    xc = x.permute(0, 3, 1, 2)  # channels_last NCHW view of the same memory
+    samples = torch.rand(x.shape[0], x.shape[3], 2)
+    y, idx = F.fractional_max_pool2d(xc, 2, output_size=out_hw, return_indices=True,
+                                     _random_samples=samples)
+    gy = torch.randn_like(y)
+    fwd = common.median_ms(lambda: F.fractional_max_pool2d(
+        xc, 2, output_size=out_hw, return_indices=True, _random_samples=samples))
+    grad = common.median_ms(lambda: torch.ops.aten.fractional_max_pool2d_backward(
+        gy, xc, [2, 2], list(out_hw), idx))
+    return fwd, grad
+
+
+def main():
+    import torch_tfgrads as T
+    common.setup_threads()
+    tf = common.import_tf()
+    print(f"FractionalPool, float32 NHWC, {common.THREADS} threads, torch {torch.__version__}, "
+          f"TF {tf.__version__ if tf else 'absent'}; times in ms (median)")
+    rows_out = []
+    for shape in SHAPES:
+        x = torch.randn(shape)
+        bw = common.copy_bandwidth_gbs(x.numel())
+        for ratio in RATIOS:
+            pr = [1.0, ratio, ratio, 1.0]
+            for overlapping in (False, True):
+                for kind in ("avg", "max"):
+                    fwd = T.fractional_avg_pool if kind == "avg" else T.fractional_max_pool
+                    out, rows, cols = fwd(x, pr, False, overlapping, True, 1, 2)
+                    dy = torch.randn(out.shape)
+                    ours_f = common.median_ms(lambda: fwd(x, pr, False, overlapping, True, 1, 2))
+                    if kind == "avg":
+                        ours_g = common.median_ms(lambda: T.fractional_avg_pool_grad(
+                            x.shape, dy, rows, cols, overlapping))
+                    else:
+                        ours_g = common.median_ms(lambda: T.fractional_max_pool_grad(
+                            x, out, dy, rows, cols, overlapping))
+                    tf_f, tf_g = (tf_times(tf, kind, x, out, dy, rows, cols, ratio, overlapping)
+                                  if tf is not None else (float("nan"),) * 2)
+                    pt_f, pt_g = (torch_max_times(x, out.shape[1:3]) if kind == "max"
+                                  else (float("nan"),) * 2)
+                    nx, ny = x.numel() * 4, out.numel() * 4
+                    traffic = {"forward": nx + ny,
+                               "grad": (ny + nx) if kind == "avg" else (2 * ny + 2 * nx)}
+                    for op, ours, tfv, ptv in (("forward", ours_f, tf_f, pt_f),
+                                               ("grad", ours_g, tf_g, pt_g)):
+                        gbs = traffic[op] / (ours * 1e-3) / 1e9
+                        rows_out.append([
+                            "x".join(map(str, shape)), f"{ratio}", "yes" if overlapping else "no",
+                            f"{kind} {op}", common.fmt_ms(ours), common.fmt_ms(tfv),
+                            common.fmt_ms(ptv), f"{ours / tfv:.2f}" if tfv == tfv else "-",
+                            f"{ours / ptv:.2f}" if ptv == ptv else "-", f"{gbs:.1f}",
+                            f"{100 * gbs / bw:.0f}%"])
+    common.print_table(["NHWC shape", "ratio", "overlap", "op", "ours", "TF", "torch",
+                        "ours/TF", "ours/torch", "ours GB/s", "% copy"], rows_out)
+    print("Targets: ours/TF <= 0.50 everywhere; ours/torch <= 1.00 for max. torch = "
+          "F.fractional_max_pool2d (kernel 2) on the channels_last view; % copy = our bytes/s "
+          "against a measured copy of x.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""FractionalPool family without TensorFlow: TF's verified seed table, the reference port of
+TF's generator and kernels (tests/tf_fractional_reference.py) bit for bit, TF's documented
+examples and tie rules, strides, dtypes, seeds, autograd (gradcheck/gradgradcheck), opcheck,
+modules and the CUDA kernels where a GPU is present."""
+import numpy as np
+import pytest
+import torch
+
+import tf_fractional_reference as R
+import torch_tfgrads as T
+from conftest import DEVICES
+
+OPS = torch.ops.tfgrads
+
+# TF 2.21's sequences for these seeds (spec §13.1, every row verified on TF).
+SEED_TABLE = [
+    (5, 5, 1.5, 1.5, False, 1, 1, [0, 2, 4, 5], [0, 2, 4, 5]),
+    (5, 5, 1.5, 1.5, True, 1, 1, [0, 2, 3, 5], [0, 1, 3, 5]),
+    (10, 10, 1.44, 1.73, False, 7, 0, [0, 2, 4, 5, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
+    (10, 10, 1.44, 1.73, True, 7, 0, [0, 1, 3, 5, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
+    (10, 10, 2.0, 2.0, False, 3, 4, [0, 2, 4, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
+    (10, 10, 2.0, 2.0, True, 3, 4, [0, 2, 4, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
+    (20, 30, 1.7320508, 1.4142135, False, 341261001, 87654321,
+     [0, 1, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20],
+     [0, 1, 3, 4, 5, 6, 7, 9, 10, 12, 14, 15, 16, 17, 18, 20, 21, 23, 24, 26, 28, 30]),
+    (20, 30, 1.7320508, 1.4142135, True, 341261001, 87654321,
+     [0, 2, 4, 5, 7, 9, 11, 13, 15, 16, 18, 20],
+     [0, 2, 3, 5, 6, 7, 9, 10, 12, 13, 15, 16, 17, 19, 20, 22, 23, 25, 26, 27, 29, 30]),
+    (23, 23, 2.3, 2.3, True, 0, 1, [0, 2, 5, 7, 9, 11, 14, 16, 18, 21, 23],
+     [0, 3, 5, 7, 10, 12, 14, 17, 19, 21, 23]),
+    (23, 23, 2.3, 2.3, False, 0, 1, [0, 2, 5, 7, 9, 11, 13, 15, 18, 20, 23],
+     [0, 3, 5, 8, 10, 12, 14, 16, 18, 21, 23]),
+    (13, 7, 3.3166248, 2.6457513, False, -1, 5, [0, 5, 9, 13], [0, 3, 7]),
+    (13, 7, 3.3166248, 2.6457513, True, -1, 5, [0, 4, 9, 13], [0, 4, 7]),
+    (32, 32, 1.5, 1.5, False, 87654321, 5,
+     [0, 2, 3, 4, 6, 8, 9, 11, 12, 13, 15, 16, 17, 18, 20, 22, 24, 26, 27, 29, 31, 32],
+     [0, 1, 3, 5, 6, 7, 9, 11, 13, 15, 17, 18, 20, 22, 23, 24, 25, 26, 27, 28, 30, 32]),
+    (32, 32, 1.5, 1.5, True, 87654321, 5,
+     [0, 1, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19, 21, 23, 24, 26, 27, 29, 30, 32],
+     [0, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16, 17, 19, 20, 22, 23, 25, 26, 28, 29, 31, 32]),
+    (6, 6, 1.41421354, 1.41421354, False, 341261001, 0, [0, 2, 3, 4, 6], [0, 2, 4, 5, 6]),
+]
+
+
+@pytest.mark.parametrize("row", SEED_TABLE, ids=lambda r: f"{r[0]}x{r[1]}-{r[4]}-{r[5]}-{r[6]}")
+@pytest.mark.parametrize("op", [T.fractional_avg_pool, T.fractional_max_pool])
+def test_sequences_match_tensorflows_seed_table(row, op):
+    H, W, rr, rc, pseudo, seed, seed2, rows, cols = row
+    _, r, c = op(torch.zeros(1, H, W, 1), [1, rr, rc, 1], pseudo, False, True, seed, seed2)
+    assert r.tolist() == rows and c.tolist() == cols
+    assert r.dtype == c.dtype == torch.int64
+    # The single-axis generator is the row sequence (a fresh stream).
+    assert T.fractional_pooling_sequence(H, len(rows) - 1, pseudo, seed, seed2).tolist() == rows
+
+
+def _random_configs(n, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        H, W = int(rng.integers(1, 70)), int(rng.integers(1, 70))
+        rr = float(rng.uniform(1.0, min(H, 6.5))) if rng.random() < 0.9 else float(min(H, 2))
+        rc = float(rng.uniform(1.0, min(W, 6.5))) if rng.random() < 0.9 else 1.0
+        seed_choices = [int(rng.integers(-2**62, 2**62)), int(rng.integers(0, 2**31)), 0, -1]
+        yield (H, W, rr, rc, bool(rng.integers(2)), bool(rng.integers(2)),
+               seed_choices[int(rng.integers(4))], int(rng.integers(0, 2**40)) or 1)
+
+
+@pytest.mark.parametrize("cfg", list(_random_configs(150, 7)), ids=lambda c: "x".join(map(str, c[:2])))
+def test_sequences_match_the_reference_generator(cfg):
+    H, W, rr, rc, pseudo, _ov, seed, seed2 = cfg
+    ratio = [1.0, rr, rc, 1.0]
+    _, rows, cols = T.fractional_avg_pool(torch.zeros(1, H, W, 1), ratio, pseudo, False, True,
+                                          seed, seed2)
+    ref_rows, ref_cols = R.fractional_sequences(H, W, [1, np.float32(rr), np.float32(rc), 1],
+                                                pseudo, seed, seed2)
+    assert rows.tolist() == ref_rows and cols.tolist() == ref_cols
+    assert rows[-1] == H and cols[-1] == W and (rows.diff() > 0).all()
+
+
+VALUE_DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64]
+
+
+def _value(shape, dtype, gen):
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * 50
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=str)
+@pytest.mark.parametrize("cfg", list(_random_configs(12, 11)), ids=lambda c: "x".join(map(str, c[:2])))
+@pytest.mark.parametrize("C", [1, 5, 8, 40])
+def test_pool_and_grads_bit_exact_with_reference(dtype, cfg, C):
+    H, W, rr, rc, pseudo, ov, seed, seed2 = cfg
+    gen = torch.Generator().manual_seed(H * 100 + W)
+    x = _value((2, H, W, C), dtype, gen)
+    ratio = [1.0, rr, rc, 1.0]
+    out, rows, cols = T.fractional_avg_pool(x, ratio, pseudo, ov, True, seed, seed2)
+    r, c = rows.tolist(), cols.tolist()
+    assert np.array_equal(out.numpy(), R.fractional_pool_ref(x.numpy(), r, c, ov, "avg"))
+    mx, mr, mc = T.fractional_max_pool(x, ratio, pseudo, ov, True, seed, seed2)
+    assert mr.tolist() == r and mc.tolist() == c
+    assert np.array_equal(mx.numpy(), R.fractional_pool_ref(x.numpy(), r, c, ov, "max"))
+    dy = _value(out.shape, dtype, gen)
+    g = T.fractional_avg_pool_grad(x.shape, dy, rows, cols, ov)
+    assert np.array_equal(g.numpy(), R.fractional_avg_pool_grad_ref(x.shape, dy.numpy(), r, c, ov))
+    mg = T.fractional_max_pool_grad(x, mx, dy, rows, cols, ov)
+    assert np.array_equal(mg.numpy(), R.fractional_max_pool_grad_ref(x.numpy(), mx.numpy(),
+                                                                     dy.numpy(), r, c, ov))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_types_accumulate_in_float(dtype):
+    x = torch.randn(2, 17, 15, 19).to(dtype)
+    ratio = [1, 1.6, 1.3, 1]
+    out, rows, cols = T.fractional_avg_pool(x, ratio, False, True, True, 5, 6)
+    ref = R.fractional_pool_ref(x.float().numpy(), rows.tolist(), cols.tolist(), True, "avg")
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), torch.from_numpy(ref).to(dtype).float(), rtol=0, atol=0)
+    mx = T.fractional_max_pool(x, ratio, False, True, True, 5, 6)[0]
+    ref = R.fractional_pool_ref(x.float().numpy(), rows.tolist(), cols.tolist(), True, "max")
+    assert torch.equal(mx.float(), torch.from_numpy(ref))
+    dy = torch.randn(out.shape).to(dtype)
+    g = T.fractional_avg_pool_grad(x.shape, dy, rows, cols, True)
+    ref = R.fractional_avg_pool_grad_ref(x.shape, dy.double().numpy(), rows.tolist(),
+                                         cols.tolist(), True)
+    torch.testing.assert_close(g.double(), torch.from_numpy(ref), rtol=1e-2, atol=1e-2)
+    mg = T.fractional_max_pool_grad(x, mx, dy, rows, cols, True)
+    ref = R.fractional_max_pool_grad_ref(x.float().numpy(), mx.float().numpy(),
+                                         dy.float().numpy(), rows.tolist(), cols.tolist(), True)
+    torch.testing.assert_close(mg.float(), torch.from_numpy(ref), rtol=1e-2, atol=1e-2)
+
+
+def test_tensorflow_doc_examples():
+    # The op docs' example, as verified on TF 2.21 (spec §8.6).
+    v = torch.tensor([20.0, 5, 16, 3, 7]).reshape(1, 1, 5, 1)
+    out, rows, cols = T.fractional_avg_pool(v, [1, 1, 2, 1], False, True, True, 1, 0)
+    assert cols.tolist() == [0, 2, 5] and rows.tolist() == [0, 1]
+    assert out.flatten().tolist() == [np.float32(41 / 3), np.float32(26 / 3)]
+    assert T.fractional_max_pool(v, [1, 1, 2, 1], False, True, True, 1, 0)[0].flatten().tolist() == [20, 16]
+    g = T.fractional_avg_pool_grad([1, 1, 5, 1], torch.full((1, 1, 2, 1), 3.0), [0, 1], [0, 2, 4], True)
+    assert g.flatten().tolist() == [1, 1, 2, 1, 1]
+
+
+@pytest.mark.parametrize("overlapping,expected", [
+    (False, [[12, 0, 0, 15], [0, 0, -5, 0], [17, 0, 0, 0], [6, 0, 21, 0]]),
+    (True, [[0, 0, 0, 0], [0, 0, 39, 0], [0, 0, 0, 0], [6, 0, 21, 0]]),
+])
+def test_max_grad_ties_like_tensorflow(overlapping, expected):
+    # TF's testWhenRepeatedMaxValueInPoolingRegion (spec §10.2).
+    x = torch.tensor([[5, 4, 6, 7], [3, 5, 9, 6], [8, 8, 9, 5], [7, 4, 0, 0]], dtype=torch.float32)
+    x = x.reshape(1, 4, 4, 1)
+    rows, cols = [0, 1, 3, 4], [0, 2, 4]
+    y = torch.from_numpy(R.fractional_pool_ref(x.numpy(), rows, cols, overlapping, "max"))
+    dy = torch.tensor([[12.0, 15], [17, -5], [6, 21]]).reshape(1, 3, 2, 1)
+    dx = T.fractional_max_pool_grad(x, y, dy, rows, cols, overlapping)
+    assert dx.reshape(4, 4).tolist() == expected
+
+
+def test_max_nan_and_integer_semantics():
+    nan = float("nan")
+    for cell in ([nan, 1, 2, 3], [1, nan, 2, 3], [1, 2, 3, nan]):
+        x = torch.tensor(cell).reshape(1, 2, 2, 1)
+        assert T.fractional_max_pool(x, [1, 2, 2, 1], False, False, True, 1, 1)[0].item() == 3
+    x = torch.tensor([nan, 1, 2, 3]).reshape(1, 2, 2, 1)
+    y = torch.tensor([3.0]).reshape(1, 1, 1, 1)
+    with pytest.raises(RuntimeError, match="tensor_out_dup is not the same as tensor_out"):
+        T.fractional_max_pool_grad(x, y, torch.ones(1, 1, 1, 1), [0, 2], [0, 2])
+    # int32: sums wrap, division truncates toward zero (spec §8.6).
+    x = torch.tensor([-7, 0, 0, 0], dtype=torch.int32).reshape(1, 2, 2, 1)
+    assert T.fractional_avg_pool(x, [1, 2, 2, 1], False, False, True, 1, 1)[0].item() == -1
+    x = torch.full((1, 2, 2, 1), 2**30, dtype=torch.int32)
+    assert T.fractional_avg_pool(x, [1, 2, 2, 1], False, False, True, 1, 1)[0].item() == 0
+
+
+def test_zero_seeds_follow_torch_generator():
+    x = torch.randn(1, 40, 40, 1)
+    torch.manual_seed(3)
+    a = T.fractional_avg_pool(x, [1, 1.5, 1.5, 1])[1:]
+    b = T.fractional_avg_pool(x, [1, 1.5, 1.5, 1])[1:]
+    torch.manual_seed(3)
+    c = T.fractional_avg_pool(x, [1, 1.5, 1.5, 1])[1:]
+    assert all(torch.equal(p, q) for p, q in zip(a, c))
+    assert not all(torch.equal(p, q) for p, q in zip(a, b))
+    torch.manual_seed(3)
+    s = T.fractional_pooling_sequence(40, 26)
+    torch.manual_seed(3)
+    assert torch.equal(s, T.fractional_pooling_sequence(40, 26))
+
+
+def test_strided_inputs_read_in_place():
+    base = torch.randn(3, 20, 22, 12)
+    ratio, kw = [1, 1.7, 1.4, 1], dict(pseudo_random=True, overlapping=True, deterministic=True,
+                                       seed=4, seed2=2)
+    views = [base[::2, 1:18, 2:21, :],                       # sliced batch/rows/cols
+             base.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3),  # H/W strides swapped
+             base.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1),  # channels not innermost
+             base.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)]
+    for v in views:
+        for op in (T.fractional_avg_pool, T.fractional_max_pool):
+            out, rows, cols = op(v, ratio, **kw)
+            ref, _, _ = op(v.contiguous(), ratio, **kw)
+            assert torch.equal(out, ref) and out.is_contiguous()
+        dy = torch.randn(out.shape).permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        g = T.fractional_avg_pool_grad(v.shape, dy, rows, cols, True)
+        assert torch.equal(g, T.fractional_avg_pool_grad(v.shape, dy.contiguous(), rows, cols, True))
+
+
+def test_orig_shape_as_tensor_list_or_size():
+    x = torch.randn(2, 9, 9, 3)
+    out, rows, cols = T.fractional_avg_pool(x, [1, 1.5, 1.5, 1], False, False, True, 1, 1)
+    dy = torch.randn(out.shape)
+    a = T.fractional_avg_pool_grad(x.shape, dy, rows, cols)
+    b = T.fractional_avg_pool_grad(torch.tensor(list(x.shape)), dy, rows.tolist(), cols.tolist())
+    c = T.fractional_avg_pool_grad(list(x.shape), dy, rows, cols)
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+# ---- autograd ---------------------------------------------------------------------------------
+def _distinct(shape, seed):
+    # Max pooling is differentiable where maxima are unique: distinct, well-separated values.
+    g = torch.Generator().manual_seed(seed)
+    n = int(np.prod(shape))
+    return (torch.randperm(n, generator=g).double() / n).reshape(shape).requires_grad_()
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("pseudo_random", [False, True])
+def test_gradcheck_and_gradgradcheck(overlapping, pseudo_random):
+    ratio = [1, 1.45, 1.8, 1]
+    kw = dict(pseudo_random=pseudo_random, overlapping=overlapping, deterministic=True, seed=9,
+              seed2=3)
+    x = _distinct((2, 7, 9, 3), 0)
+    avg = lambda v: T.fractional_avg_pool(v, ratio, **kw)[0]  # noqa: E731
+    mx = lambda v: T.fractional_max_pool(v, ratio, **kw)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(avg, (x,))
+    assert torch.autograd.gradgradcheck(avg, (x,))
+    assert torch.autograd.gradcheck(mx, (x,))
+    assert torch.autograd.gradgradcheck(mx, (x,))
+    # The grad ops themselves, w.r.t. out_backprop (linear: exact), and their double backward.
+    out, rows, cols = T.fractional_max_pool(x.detach(), ratio, **kw)
+    dy = torch.randn(out.shape, dtype=torch.float64, requires_grad=True)
+    fa = lambda d: T.fractional_avg_pool_grad(x.shape, d, rows, cols, overlapping)  # noqa: E731
+    fm = lambda d: T.fractional_max_pool_grad(x.detach(), out, d, rows, cols, overlapping)  # noqa: E731
+    for f in (fa, fm):
+        assert torch.autograd.gradcheck(f, (dy,))
+        assert torch.autograd.gradgradcheck(f, (dy,))
+
+
+def test_sequences_are_not_differentiable():
+    x = torch.randn(1, 6, 6, 2, requires_grad=True)
+    out, rows, cols = T.fractional_max_pool(x, [1, 1.5, 1.5, 1], False, False, True, 1, 2)
+    assert out.requires_grad and not rows.requires_grad and not cols.requires_grad
+
+
+def _opcheck_samples():
+    x = torch.randn(2, 8, 7, 5, dtype=torch.float64)
+    ratio = [1.0, 1.5, 1.3, 1.0]
+    for rg in (False, True):
+        xv = x.clone().requires_grad_(rg)
+        for ov in (False, True):
+            yield "fractional_avg_pool", (xv, ratio, False, ov, True, 3, 4)
+            yield "fractional_max_pool", (xv, ratio, True, ov, True, 3, 4)
+            out, rows, cols = T.fractional_max_pool(x, ratio, True, ov, True, 3, 4)
+            dy = torch.randn(out.shape, dtype=torch.float64, requires_grad=rg)
+            yield "fractional_avg_pool_grad", (list(x.shape), dy, rows, cols, ov)
+            yield "fractional_max_pool_grad", (x, out, dy, rows, cols, ov)
+            g = torch.randn(x.shape, dtype=torch.float64, requires_grad=rg)
+            yield "_fractional_avg_pool_grad_backward", (g, rows, cols, ov)
+            yield "_fractional_max_pool_grad_backward", (x, out, g, rows, cols, ov)
+    yield "fractional_avg_pool", (torch.randn(1, 9, 9, 4)[:, 1:, :, :], [1.0, 2.0, 1.5, 1.0],
+                                  False, False, True, 1, 1)
+    yield "fractional_pooling_sequence", (17, 9, True, 5, 6)
+
+
+@pytest.mark.parametrize("sample", list(_opcheck_samples()), ids=lambda s: s[0])
+def test_opcheck(sample):
+    name, args = sample
+    torch.library.opcheck(getattr(OPS, name).default, args)
+
+
+# ---- modules -----------------------------------------------------------------------------------
+def test_modules_keep_sequences_and_tf_arguments():
+    x = torch.randn(2, 12, 12, 3)
+    m = T.nn.FractionalMaxPool2d(1.5, deterministic=True, seed=3, seed2=4)
+    y = m(x)
+    ref = T.fractional_max_pool(x, [1, 1.5, 1.5, 1], False, False, True, 3, 4)
+    assert torch.equal(y, ref[0]) and torch.equal(m.row_pooling_sequence, ref[1])
+    a = T.nn.FractionalAvgPool2d((1.5, 2.0), overlapping=True, deterministic=True)  # zero seeds
+    assert a.seed != 0 and torch.equal(a(x), a(x))       # fixed per module, like a TF kernel
+    assert a.col_pooling_sequence.tolist() == [0, 2, 4, 6, 8, 10, 12]
+    with pytest.raises(NotImplementedError, match="batch nor channel"):
+        T.nn.FractionalAvgPool2d([2, 1.5, 1.5, 1])(x)
+
+
+# ---- devices -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16], ids=str)
+def test_device_matches_cpu_bit_for_bit(device, dtype):
+    x = _value((3, 23, 19, 37), dtype, torch.Generator().manual_seed(0))
+    ratio = [1, 1.44, 1.73, 1]
+    for ov in (False, True):
+        for op in (T.fractional_avg_pool, T.fractional_max_pool):
+            out, rows, cols = op(x.to(device), ratio, True, ov, True, 12, 34)
+            ref, rr, rc = op(x, ratio, True, ov, True, 12, 34)
+            assert out.device.type == rows.device.type == device
+            assert torch.equal(out.cpu(), ref) and torch.equal(rows.cpu(), rr)
+        dy = _value(ref.shape, dtype, torch.Generator().manual_seed(1))
+        g = T.fractional_avg_pool_grad(x.shape, dy.to(device), rows, cols, ov)
+        assert torch.equal(g.cpu(), T.fractional_avg_pool_grad(x.shape, dy, rr, rc, ov))
+        g = T.fractional_max_pool_grad(x.to(device), out, dy.to(device), rows, cols, ov)
+        assert torch.equal(g.cpu(), T.fractional_max_pool_grad(x, ref, dy, rr, rc, ov))
