@@ -5,6 +5,7 @@
 // pooling cells that every kernel indexes with.
 #pragma once
 
+#include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -90,6 +91,23 @@ GradPlan check_pool_with_sequences(const char* op, const at::Tensor& value,
 
 // The dtypes of TF's kernels (float, double, int32, int64) plus float16 and bfloat16.
 void check_value_dtype(const char* op, const char* name, const at::Tensor& t);
+
+// Calls fn(scalar_t{}) for the family's dtypes: TF's (float32, float64, int32, int64) plus
+// float16 and bfloat16. One place for the dispatch of every CPU and CUDA entry point.
+template <typename Fn>
+void dispatch_value_types(at::ScalarType t, Fn&& fn) {
+  if (at::isIntegralType(t, /*includeBool=*/false)) {
+    AT_DISPATCH_INDEX_TYPES(t, "fractional_pool", [&] { fn(index_t{}); });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t, "fractional_pool",
+                                    [&] { fn(scalar_t{}); });
+  }
+}
+
+// NHWC with contiguous channels is read in place with its other strides; else one copy.
+inline at::Tensor channels_contiguous(const at::Tensor& t) {
+  return (t.size(3) <= 1 || t.stride(3) == 1) ? t : t.contiguous();
+}
 
 // TF's message when a recomputed maximum differs from orig_output (§10.1 check 6).
 constexpr const char* kOutputMismatch = "tensor_out_dup is not the same as tensor_out";

@@ -33,16 +33,12 @@ namespace {
 
 using fracpool::AxisPlan;
 using fracpool::GradPlan;
+using fracpool::channels_contiguous;
 
 template <typename scalar_t>
 using acc_t = std::conditional_t<std::is_same_v<scalar_t, c10::Half> ||
                                      std::is_same_v<scalar_t, c10::BFloat16>,
                                  float, scalar_t>;
-
-// Channels contiguous (stride 1), any other strides: used in place.
-at::Tensor channels_contiguous(const at::Tensor& t) {
-  return (t.size(3) <= 1 || t.stride(3) == 1) ? t : t.contiguous();
-}
 
 // Parallel grain: about 32K input elements per task.
 int64_t grain_for(int64_t elems_per_item) {
@@ -161,15 +157,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fractional_pool_cpu(
   const at::Tensor x = channels_contiguous(value);
   at::Tensor out = at::empty({s.N, s.out_h, s.out_w, s.C}, value.options());
   if (out.numel() > 0) {
-    if (at::isIntegralType(x.scalar_type(), /*includeBool=*/false)) {
-      AT_DISPATCH_INDEX_TYPES(x.scalar_type(), op, [&] {
-        pool_kernel<index_t, kMax>(x, out, rp, cp);
-      });
-    } else {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-        pool_kernel<scalar_t, kMax>(x, out, rp, cp);
-      });
-    }
+    fracpool::dispatch_value_types(x.scalar_type(), [&](auto tag) {
+      pool_kernel<decltype(tag), kMax>(x, out, rp, cp);
+    });
   }
   return {out, rows, cols};
 }
@@ -240,13 +230,9 @@ at::Tensor fractional_avg_pool_grad_cpu(c10::SymIntArrayRef orig_input_tensor_sh
                                               col_pooling_sequence, overlapping);
   const at::Tensor dy = channels_contiguous(fracpool::pad_out_backprop(out_backprop, g));
   at::Tensor dx = at::empty({g.N, g.H, g.W, g.C}, out_backprop.options());
-  if (at::isIntegralType(dy.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(dy.scalar_type(), op, [&] { avg_grad_kernel<index_t>(dy, dx, g); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dy.scalar_type(), op, [&] {
-      avg_grad_kernel<scalar_t>(dy, dx, g);
-    });
-  }
+  fracpool::dispatch_value_types(dy.scalar_type(), [&](auto tag) {
+    avg_grad_kernel<decltype(tag)>(dy, dx, g);
+  });
   return dx;
 }
 
@@ -517,15 +503,9 @@ at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input,
   const at::Tensor y = orig_output.contiguous();
   const at::Tensor dy = out_backprop.contiguous();
   at::Tensor dx = at::empty({g.N, g.H, g.W, g.C}, orig_input.options());
-  if (at::isIntegralType(x.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(x.scalar_type(), op, [&] {
-      max_grad_kernel<index_t>(x, y, dy, dx, g, overlapping);
-    });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-      max_grad_kernel<scalar_t>(x, y, dy, dx, g, overlapping);
-    });
-  }
+  fracpool::dispatch_value_types(x.scalar_type(), [&](auto tag) {
+    max_grad_kernel<decltype(tag)>(x, y, dy, dx, g, overlapping);
+  });
   return dx;
 }
 
@@ -540,15 +520,9 @@ at::Tensor fractional_avg_pool_grad_backward_cpu(const at::Tensor& grad,
   const at::Tensor x = channels_contiguous(grad);
   at::Tensor out = at::empty({g.N, g.rows.cells, g.cols.cells, g.C}, grad.options());
   if (out.numel() == 0) return out;
-  if (at::isIntegralType(x.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(x.scalar_type(), op, [&] {
-      pool_kernel<index_t, false>(x, out, g.rows, g.cols);
-    });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-      pool_kernel<scalar_t, false>(x, out, g.rows, g.cols);
-    });
-  }
+  fracpool::dispatch_value_types(x.scalar_type(), [&](auto tag) {
+    pool_kernel<decltype(tag), false>(x, out, g.rows, g.cols);
+  });
   return out;
 }
 
@@ -592,13 +566,7 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
       }
     });
   };
-  if (at::isIntegralType(x.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(x.scalar_type(), op, [&] { gather(index_t{}); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
-      gather(scalar_t{});
-    });
-  }
+  fracpool::dispatch_value_types(x.scalar_type(), gather);
   return out;
 }
 

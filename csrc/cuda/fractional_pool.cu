@@ -30,6 +30,7 @@ namespace torch_tfgrads {
 namespace {
 
 using fracpool::GradPlan;
+using fracpool::channels_contiguous;
 using fracpool::PackedPlan;
 
 constexpr int kThreads = 256;
@@ -124,16 +125,7 @@ void launch_pool(const at::Tensor& x, at::Tensor& out, const GradPlan& g) {
         g.rows.cells, g.cols.cells, g.C, total, out.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (at::isIntegralType(x.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(x.scalar_type(), "fractional_pool_cuda", [&] { run(index_t{}); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(),
-                                    "fractional_pool_cuda", [&] { run(scalar_t{}); });
-  }
-}
-
-at::Tensor channels_contiguous(const at::Tensor& t) {
-  return (t.size(3) <= 1 || t.stride(3) == 1) ? t : t.contiguous();
+  fracpool::dispatch_value_types(x.scalar_type(), run);
 }
 
 template <bool kMax>
@@ -203,13 +195,7 @@ at::Tensor fractional_avg_pool_grad_cuda(c10::SymIntArrayRef orig_input_tensor_s
         g.C, total, dx.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (at::isIntegralType(dy.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(dy.scalar_type(), "fractional_avg_pool_grad_cuda",
-                            [&] { run(index_t{}); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dy.scalar_type(),
-                                    "fractional_avg_pool_grad_cuda", [&] { run(scalar_t{}); });
-  }
+  fracpool::dispatch_value_types(dy.scalar_type(), run);
   return dx;
 }
 
@@ -318,13 +304,7 @@ at::Tensor max_grad_common(const char* op, const at::Tensor& orig_input,
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (at::isIntegralType(x.scalar_type(), false)) {
-    AT_DISPATCH_INDEX_TYPES(x.scalar_type(), "fractional_max_pool_grad_cuda",
-                            [&] { run(index_t{}); });
-  } else {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(),
-                                    "fractional_max_pool_grad_cuda", [&] { run(scalar_t{}); });
-  }
+  fracpool::dispatch_value_types(x.scalar_type(), run);
   if (!backward_of_grad) {
     const bool mismatch = flag.to(at::kCPU).const_data_ptr<int>()[0] != 0;  // syncs the stream
     TORCH_CHECK(!mismatch, op, ": argument 'orig_output': ", fracpool::kOutputMismatch,
