@@ -77,4 +77,22 @@ TORCH_LIBRARY(tfgrads, m) {
       "_fractional_max_pool_grad_backward(Tensor orig_input, Tensor orig_output, Tensor grad, "
       "Tensor row_pooling_sequence, Tensor col_pooling_sequence, bool overlapping=False) -> "
       "Tensor");
+
+  // ---- DepthwiseConv2dNative family -------------------------------------------------------
+  // tf.raw_ops.DepthwiseConv2dNative{,BackpropInput,BackpropFilter}. filter is always
+  // [fh, fw, C, M]; output channel c*M+m reads input channel c. Unlike TF's CPU kernels: any
+  // row/column strides, dilations honoured by all three ops (TF's backprops ignore them), NCHW
+  // supported; sizes by TF's kernel rule (truncating division).
+  m.def(
+      "depthwise_conv2d_native(Tensor input, Tensor filter, int[] strides, str padding, "
+      "int[] explicit_paddings=[], str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> "
+      "Tensor");
+  m.def(
+      "depthwise_conv2d_native_backprop_input(SymInt[] input_sizes, Tensor filter, "
+      "Tensor out_backprop, int[] strides, str padding, int[] explicit_paddings=[], "
+      "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
+  m.def(
+      "depthwise_conv2d_native_backprop_filter(Tensor input, SymInt[] filter_sizes, "
+      "Tensor out_backprop, int[] strides, str padding, int[] explicit_paddings=[], "
+      "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
 }

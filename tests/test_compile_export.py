@@ -130,3 +130,59 @@ def test_export_fractional_pool():
     assert torch.ops.tfgrads.fractional_avg_pool.default in targets
     x2 = torch.randn(5, 3, 12, 12)
     torch.testing.assert_close(ep.module()(x2), model(x2))
+
+
+# ---- DepthwiseConv2dNative ----------------------------------------------------------------------
+class MobileNetBlock(torch.nn.Module):
+    """NHWC depthwise (stride 2, SAME) -> relu -> NCHW depthwise (dilated, multiplier 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw1 = T.nn.DepthwiseConv2d(4, 3, strides=2, padding="same")
+        self.dw2 = T.nn.DepthwiseConv2d(4, 3, padding="same", depth_multiplier=2,
+                                        dilation_rate=2, data_format="channels_first")
+
+    def forward(self, x):
+        h = torch.relu(self.dw1(x))
+        return self.dw2(h.permute(0, 3, 1, 2))
+
+
+def test_compile_depthwise_fullgraph_dynamic():
+    torch._dynamo.reset()
+    model = MobileNetBlock()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for shape in [(2, 9, 9, 4), (3, 12, 10, 4), (1, 7, 16, 4)]:
+        x = torch.randn(shape, requires_grad=True)
+        y_e, g_e = _run(model, x)
+        y_c, g_c = _run(compiled, x)
+        torch.testing.assert_close(y_c, y_e)
+        for a, b in zip(g_c, g_e):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_depthwise_double_backward():
+    torch._dynamo.reset()
+    st, dil = [1, 2, 1, 1], [1, 1, 2, 1]
+
+    def f(x, w):
+        y = T.depthwise_conv2d_native(x, w, st, "SAME", dilations=dil)
+        gx, gw = torch.autograd.grad((y ** 3).sum(), (x, w), create_graph=True)
+        return gx, gw
+
+    x = torch.randn(2, 7, 8, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 3, 3, 2, dtype=torch.float64, requires_grad=True)
+    with torch._functorch.config.patch(donated_buffer=False):
+        compiled = torch.compile(f, fullgraph=False, dynamic=True)(x, w)
+    for a, b in zip(compiled, f(x, w)):
+        torch.testing.assert_close(a, b)
+
+
+def test_export_depthwise():
+    model = MobileNetBlock().eval()
+    x = torch.randn(2, 9, 9, 4)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.tfgrads.depthwise_conv2d_native.default) == 2
+    x2 = torch.randn(5, 9, 9, 4)
+    torch.testing.assert_close(ep.module()(x2), model(x2))

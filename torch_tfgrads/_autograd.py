@@ -166,3 +166,75 @@ def _fmp_grad_bwd_backward(ctx, gg):
 
 torch.library.register_autograd("tfgrads::_fractional_max_pool_grad_backward",
                                 _fmp_grad_bwd_backward, setup_context=_fmp_grad_bwd_setup_context)
+
+
+# ---- DepthwiseConv2dNative family --------------------------------------------------------------
+# TF's `_DepthwiseConv2dNativeGrad` (nn_grad.py), attrs (dilations included) passed through:
+# dL/dinput = BackpropInput(shape(input), filter, dy), dL/dfilter = BackpropFilter(input,
+# shape(filter), dy). The two backprops are bilinear in (filter, dy) / (input, dy); each one's
+# gradients are the other two ops, so every order of derivative is available.
+def _dw_setup_context(ctx, inputs, output):
+    x, f = inputs[0], inputs[1]
+    ctx.save_for_backward(x, f)
+    ctx.attrs = tuple(inputs[2:])
+
+
+def _dw_backward(ctx, dy):
+    x, f = ctx.saved_tensors
+    dx = df = None
+    if ctx.needs_input_grad[0]:
+        dx = torch.ops.tfgrads.depthwise_conv2d_native_backprop_input(list(x.shape), f, dy,
+                                                                      *ctx.attrs)
+    if ctx.needs_input_grad[1]:
+        df = torch.ops.tfgrads.depthwise_conv2d_native_backprop_filter(x, list(f.shape), dy,
+                                                                       *ctx.attrs)
+    return dx, df, None, None, None, None, None
+
+
+torch.library.register_autograd("tfgrads::depthwise_conv2d_native", _dw_backward,
+                                setup_context=_dw_setup_context)
+
+
+def _dw_bi_setup_context(ctx, inputs, output):
+    sizes, f, dy = inputs[0], inputs[1], inputs[2]
+    ctx.save_for_backward(f, dy)
+    ctx.attrs = tuple(inputs[3:])
+
+
+def _dw_bi_backward(ctx, g):
+    # dx = BackpropInput(f, dy): <g, dx> is the forward of g with f, read against dy.
+    f, dy = ctx.saved_tensors
+    g_f = g_dy = None
+    if ctx.needs_input_grad[1]:
+        g_f = torch.ops.tfgrads.depthwise_conv2d_native_backprop_filter(g, list(f.shape), dy,
+                                                                        *ctx.attrs)
+    if ctx.needs_input_grad[2]:
+        g_dy = torch.ops.tfgrads.depthwise_conv2d_native(g, f, *ctx.attrs)
+    return None, g_f, g_dy, None, None, None, None, None
+
+
+torch.library.register_autograd("tfgrads::depthwise_conv2d_native_backprop_input",
+                                _dw_bi_backward, setup_context=_dw_bi_setup_context)
+
+
+def _dw_bf_setup_context(ctx, inputs, output):
+    x, _sizes, dy = inputs[0], inputs[1], inputs[2]
+    ctx.save_for_backward(x, dy)
+    ctx.attrs = tuple(inputs[3:])
+
+
+def _dw_bf_backward(ctx, g):
+    # df = BackpropFilter(x, dy): d/dx is BackpropInput with g as the filter, d/ddy the forward
+    # of x with g as the filter.
+    x, dy = ctx.saved_tensors
+    g_x = g_dy = None
+    if ctx.needs_input_grad[0]:
+        g_x = torch.ops.tfgrads.depthwise_conv2d_native_backprop_input(list(x.shape), g, dy,
+                                                                       *ctx.attrs)
+    if ctx.needs_input_grad[2]:
+        g_dy = torch.ops.tfgrads.depthwise_conv2d_native(x, g, *ctx.attrs)
+    return g_x, None, g_dy, None, None, None, None, None
+
+
+torch.library.register_autograd("tfgrads::depthwise_conv2d_native_backprop_filter",
+                                _dw_bf_backward, setup_context=_dw_bf_setup_context)

@@ -165,3 +165,80 @@ def fractional_pooling_sequence(input_length, output_length, pseudo_random=False
     """
     return torch.ops.tfgrads.fractional_pooling_sequence.default(
         int(input_length), int(output_length), bool(pseudo_random), int(seed), int(seed2))
+
+
+# ---- DepthwiseConv2dNative family -------------------------------------------------------------
+def _sizes_list(sizes, op, name, tf_op):
+    """`input_sizes` / `filter_sizes` as TF takes them: an int tensor (1-D), list or Size."""
+    if isinstance(sizes, torch.Tensor):
+        if sizes.dim() != 1:
+            raise ValueError(f"{op}: argument '{name}': {tf_op}: {name} input must be 1-dim, "
+                             f"not {sizes.dim()}")
+        if sizes.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{op}: argument '{name}' must be an int32 or int64 tensor, got "
+                             f"{sizes.dtype}")
+        return [int(s) for s in sizes.tolist()]
+    return [s if isinstance(s, torch.SymInt) else int(s) for s in sizes]
+
+
+_DW_ATTRS_DOC = """
+    ``strides`` / ``dilations`` have 4 entries in ``data_format`` order (batch and depth 1);
+    ``padding`` is "SAME" (TF's split: any odd extra row/column at the bottom/right), "VALID" or
+    "EXPLICIT" with 8 ``explicit_paddings`` (TF's layout). Row and column strides may differ
+    and dilations are honoured (TF's CPU kernels support neither). ``filter`` is always
+    ``[fh, fw, C, M]``: output channel ``c*M + m`` comes from input channel ``c``. float16 and
+    bfloat16 accumulate in float32. NHWC and NCHW (either memory format) are computed in place,
+    never transposed.
+"""
+
+
+def depthwise_conv2d_native(input, filter, strides, padding, explicit_paddings=(),
+                            data_format="NHWC", dilations=(1, 1, 1, 1)):
+    return torch.ops.tfgrads.depthwise_conv2d_native.default(
+        input, filter, list(strides), padding, list(explicit_paddings), data_format,
+        list(dilations))
+
+
+def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, strides, padding,
+                                           explicit_paddings=(), data_format="NHWC",
+                                           dilations=(1, 1, 1, 1)):
+    op = "depthwise_conv2d_native_backprop_input"
+    return torch.ops.tfgrads.depthwise_conv2d_native_backprop_input.default(
+        _sizes_list(input_sizes, op, "input_sizes", "Conv2DBackpropInput"), filter,
+        out_backprop, list(strides), padding, list(explicit_paddings), data_format,
+        list(dilations))
+
+
+def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, strides, padding,
+                                            explicit_paddings=(), data_format="NHWC",
+                                            dilations=(1, 1, 1, 1)):
+    op = "depthwise_conv2d_native_backprop_filter"
+    return torch.ops.tfgrads.depthwise_conv2d_native_backprop_filter.default(
+        input, _sizes_list(filter_sizes, op, "filter_sizes", "Conv2DBackpropFilter"),
+        out_backprop, list(strides), padding, list(explicit_paddings), data_format,
+        list(dilations))
+
+
+depthwise_conv2d_native.__doc__ = """TF's `DepthwiseConv2dNative`: a depthwise 2-D convolution.
+
+    Output ``[N, Ho, Wo, C*M]`` (NCHW: ``[N, C*M, Ho, Wo]``), sizes by TF's kernel rule
+    (truncating division: a VALID window a little larger than the input gives an empty output).
+    Differentiable w.r.t. ``input`` and ``filter`` (through the two backprop ops).
+""" + _DW_ATTRS_DOC
+depthwise_conv2d_native_backprop_input.__doc__ = """TF's `DepthwiseConv2dNativeBackpropInput`:
+    the gradient w.r.t. the input of a depthwise convolution.
+
+    ``input_sizes`` is the full 4-D input shape in ``data_format`` order (tensor, list or
+    ``torch.Size``); ``out_backprop`` must have the forward's output shape. Honours
+    ``dilations`` (TF's kernel silently computes the undilated gradient). Empty inputs give
+    zeros. Differentiable w.r.t. ``filter`` and ``out_backprop``.
+""" + _DW_ATTRS_DOC
+depthwise_conv2d_native_backprop_filter.__doc__ = """TF's
+    `DepthwiseConv2dNativeBackpropFilter`: the gradient w.r.t. the filter of a depthwise
+    convolution.
+
+    ``filter_sizes`` is ``[fh, fw, C, M]`` (tensor, list or ``torch.Size``). Honours
+    ``dilations`` (TF's kernel does not); an empty ``out_backprop`` gives zeros (TF returns
+    uninitialised memory). Summed in a fixed order: deterministic. Differentiable w.r.t.
+    ``input`` and ``out_backprop``.
+""" + _DW_ATTRS_DOC

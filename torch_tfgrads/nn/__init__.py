@@ -1,5 +1,6 @@
 """Modules with TensorFlow/Keras defaults, for people porting TF models."""
 from .batch_norm import FusedBatchNorm
+from .depthwise_conv import DepthwiseConv2d
 from .fractional_pool import FractionalAvgPool2d, FractionalMaxPool2d
 
-__all__ = ["FusedBatchNorm", "FractionalAvgPool2d", "FractionalMaxPool2d"]
+__all__ = ["FusedBatchNorm", "DepthwiseConv2d", "FractionalAvgPool2d", "FractionalMaxPool2d"]

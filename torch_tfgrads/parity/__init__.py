@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 
 FAMILIES = {"FusedBatchNorm": "torch_tfgrads.parity.fused_batch_norm",
-            "FractionalPool": "torch_tfgrads.parity.fractional_pool"}
+            "FractionalPool": "torch_tfgrads.parity.fractional_pool",
+            "DepthwiseConv2dNative": "torch_tfgrads.parity.depthwise_conv2d"}
 
 
 @dataclass
@@ -62,7 +63,7 @@ def run_parity(n_cases=24, seed=0, families=None, out=sys.stdout):
         rows += importlib.import_module(mod).run(tf, n_cases, seed,
                                                  lambda m: print(f"    {m}", file=out, flush=True))
     print(file=out)
-    header = f"{'op':<46} {'cases':>5} {'worst rel err':>13} {'tol':>7} {'ours us':>9} " \
+    header = f"{'op':<58} {'cases':>5} {'worst rel err':>13} {'tol':>7} {'ours us':>9} " \
              f"{'TF us':>9} {'TF/ours':>7}  status"
     print(header, file=out)
     print("-" * len(header), file=out)
@@ -70,7 +71,7 @@ def run_parity(n_cases=24, seed=0, families=None, out=sys.stdout):
         speed = r.tf_us / r.ours_us if r.ours_us == r.ours_us and r.tf_us == r.tf_us else float("nan")
         timing = (f"{r.ours_us:>9.1f} {r.tf_us:>9.1f} {speed:>6.2f}x" if speed == speed
                   else f"{'-':>9} {'-':>9} {'-':>7}")
-        print(f"{r.op:<46} {r.cases:>5} {r.worst_rel_err:>13.2e} {r.tolerance:>7.0e} {timing}  "
+        print(f"{r.op:<58} {r.cases:>5} {r.worst_rel_err:>13.2e} {r.tolerance:>7.0e} {timing}  "
               f"{'ok' if r.ok else 'FAIL'}", file=out)
     failed = [r.op for r in rows if not r.ok]
     print(f"\nparity: {len(rows) - len(failed)} passed, {len(failed)} failed", file=out)

@@ -1,0 +1,731 @@
+// CPU kernels of the DepthwiseConv2dNative family (../shared/spec/depthwise_cudnn_rnn.md A4-A6).
+//
+// Each op computes on whichever dense physical order its main tensor already has (never a
+// transposing copy): channels-last memory (NHWC, or NCHW in channels_last format) or
+// channels-first memory (NCHW, or a permuted NHWC). Half types accumulate in float.
+//
+// Channels-last, vectorised over channels. Forward and backprop-input are the same gathered
+// correlation (depthwise::AxisTaps give, per destination row / column, the in-bounds
+// (filter index, source index) pairs; strides, dilations and padding live only there):
+//   dst[n, r, q, c] = sum_{(kr, sr) in rows[r]} sum_{(kq, sq) in cols[q]} src[n, sr, sq, c] * f[kr, kq, c]
+// Consecutive destination columns whose taps are shifted copies of each other (the interior,
+// for any padding) are computed as tiles of 8 or 4 pixels that share each filter load, so the
+// inner loop issues ~1.1 loads per FMA; edge pixels take the general path. Parallel over
+// (batch, row). The filter gradient accumulates per row into registers (taps x channel
+// vectors), then into one partial per fixed chunk of rows (chunks do not depend on the thread
+// count), summed in chunk order: deterministic. Depth multiplier M > 1 runs the same kernels
+// on C*M channels (input channels repeated M times; the input gradient sums them back).
+//
+// Channels-first, vectorised over output columns: each (n, c) plane is copied once into a
+// zero-padded, stride-phase-split float buffer, so every tap of every stride and dilation reads
+// contiguous columns without bounds checks. Parallel over planes; the input gradient scatters
+// into the plane's own buffer and the filter gradient keeps one partial per plane, summed over
+// the batch in order: deterministic.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "common/channel_layout.h"
+#include "common/depthwise_conv2d.h"
+#include "cpu/widen.h"
+
+namespace torch_tfgrads {
+namespace {
+
+using depthwise::AxisTaps;
+using depthwise::Geometry;
+
+template <typename scalar_t>
+using acc_t = std::conditional_t<std::is_same_v<scalar_t, c10::Half> ||
+                                     std::is_same_v<scalar_t, c10::BFloat16>,
+                                 float, scalar_t>;
+
+constexpr const char* kFwd = "depthwise_conv2d_native";
+constexpr const char* kBwdInput = "depthwise_conv2d_native_backprop_input";
+constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
+
+// ============================== channels-last ===============================================
+
+// run[q]: how many destination columns q, q+qstep, ... have taps that are copies of q's taps
+// with sources shifted by sstep per step (q included).
+std::vector<int64_t> shifted_runs(const AxisTaps& cols, int64_t dst, int64_t qstep,
+                                  int64_t sstep) {
+  std::vector<int64_t> run(dst, 1);
+  for (int64_t q = dst - 1 - qstep; q >= 0; --q) {
+    const int64_t a = cols.offset[q], b = cols.offset[q + qstep], n = cols.count(q);
+    bool same = n == cols.count(q + qstep);
+    for (int64_t t = 0; same && t < n; ++t)
+      same = cols.k[a + t] == cols.k[b + t] && cols.src[a + t] + sstep == cols.src[b + t];
+    if (same) run[q] = run[q + qstep] + 1;
+  }
+  return run;
+}
+
+// Source/destination of one correlation (channels-last, M = 1, C channels).
+template <typename scalar_t>
+struct Correlation {
+  const scalar_t* src;  // [N, Hs, Ws, C]
+  const scalar_t* filt;  // [fh, fw, C]
+  scalar_t* dst;  // [N, Hd, Wd, C]
+  int64_t N, Hs, Ws, Hd, Wd, C, fw;
+  const AxisTaps* rows;
+  const AxisTaps* cols;
+  int64_t qstep, sstep;  // destination / source column step between tiled pixels
+};
+
+// T pixels (destination columns q + t*qstep, sharing the taps of q, sources + t*sstep) by K
+// channel vectors from channel c: acc in registers, each filter vector loaded once per tap.
+template <typename scalar_t, int T, int K>
+inline void correlate_block(const Correlation<scalar_t>& p, const scalar_t* simg,
+                           const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* ck,
+                           const int64_t* cs, int64_t nc, int64_t c, scalar_t* out) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  const int64_t C = p.C, sstep = p.sstep * C, dstep = p.qstep * C;
+  Vec acc[T][K];
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) acc[t][k] = Vec(A(0));
+  for (int64_t a = 0; a < nr; ++a) {
+    const scalar_t* srow = simg + rs[a] * p.Ws * C + c;
+    const scalar_t* frow = p.filt + rk[a] * p.fw * C + c;
+    for (int64_t b = 0; b < nc; ++b) {
+      const scalar_t* sp = srow + cs[b] * C;
+      const scalar_t* fp = frow + ck[b] * C;
+      Vec fv[K];
+      for (int k = 0; k < K; ++k) fv[k] = Wd::load(fp + k * L);
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k)
+          acc[t][k] = at::vec::fmadd(Wd::load(sp + t * sstep + k * L), fv[k], acc[t][k]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) Wd::store(out + t * dstep + k * L + c, acc[t][k]);
+}
+
+// The channels after the last full vector, one at a time.
+template <typename scalar_t, int T>
+inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg,
+                           const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* ck,
+                           const int64_t* cs, int64_t nc, int64_t c0, scalar_t* out) {
+  using A = acc_t<scalar_t>;
+  const int64_t C = p.C;
+  for (int t = 0; t < T; ++t) {
+    for (int64_t c = c0; c < C; ++c) {
+      A acc = 0;
+      for (int64_t a = 0; a < nr; ++a) {
+        const scalar_t* srow = simg + rs[a] * p.Ws * C + t * p.sstep * C + c;
+        const scalar_t* frow = p.filt + rk[a] * p.fw * C + c;
+        for (int64_t b = 0; b < nc; ++b)
+          acc += static_cast<A>(srow[cs[b] * C]) * static_cast<A>(frow[ck[b] * C]);
+      }
+      out[t * p.qstep * C + c] = static_cast<scalar_t>(acc);
+    }
+  }
+}
+
+template <typename scalar_t, int T, int K>
+void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+                      const int64_t* rs, int64_t nr, int64_t q, scalar_t* drow) {
+  constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
+  const AxisTaps& cols = *p.cols;
+  const int64_t* ck = cols.k.data() + cols.offset[q];
+  const int64_t* cs = cols.src.data() + cols.offset[q];
+  const int64_t nc = cols.count(q);
+  scalar_t* out = drow + q * p.C;
+  int64_t c = 0;
+  for (; c + K * L <= p.C; c += K * L)
+    correlate_block<scalar_t, T, K>(p, simg, rk, rs, nr, ck, cs, nc, c, out);
+  for (; c + L <= p.C; c += L)
+    correlate_block<scalar_t, T, 1>(p, simg, rk, rs, nr, ck, cs, nc, c, out);
+  if (c < p.C) correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, nc, c, out);
+}
+
+// Sliding-window fast path (3x3, 5x5, ... with unit dilation along W, source step 1 or 2):
+// a tile's column taps read NC consecutive source columns s0, s0 + 1, ..., s0 + NC - 1 (the
+// filter columns in order for the forward, reversed for the input gradient). Each source
+// vector is then loaded once and feeds every pixel of the tile that uses it, with the NC
+// filter vectors of the tap row held in registers: ~0.5 loads per FMA for a 3x3 forward.
+constexpr int kMaxSlide = 5;
+struct SlideTaps {
+  int64_t s0 = 0, nc = 0;
+  int64_t fidx[kMaxSlide] = {};  // filter column of source column s0 + b
+};
+
+bool slide_taps(const int64_t* ck, const int64_t* cs, int64_t nc, SlideTaps* st) {
+  if (nc < 1 || nc > kMaxSlide) return false;
+  bool up = true, down = true;
+  for (int64_t b = 0; b < nc; ++b) {
+    up = up && cs[b] == cs[0] + b;
+    down = down && cs[b] == cs[0] - b;
+  }
+  if (!up && !down) return false;
+  st->nc = nc;
+  st->s0 = up ? cs[0] : cs[nc - 1];
+  for (int64_t b = 0; b < nc; ++b) st->fidx[b] = up ? ck[b] : ck[nc - 1 - b];
+  return true;
+}
+
+template <typename scalar_t, int NC, int S, int T>
+void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+                  const int64_t* rs, int64_t nr, const SlideTaps& st, scalar_t* out) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
+  const int64_t C = p.C, dstep = p.qstep * C;
+  // The channel loop below revisits this tile's pixels C / L times with a large stride, which
+  // the hardware prefetchers do not follow: fetch the next tile's source pixels now.
+  for (int64_t a = 0; a < nr; ++a) {
+    const char* nx = reinterpret_cast<const char*>(simg + (rs[a] * p.Ws + st.s0 + U) * C);
+    const char* ne = reinterpret_cast<const char*>(
+        simg + std::min((rs[a] + 1) * p.Ws, rs[a] * p.Ws + st.s0 + U + T * S) * C);
+    for (; nx < ne; nx += 64) __builtin_prefetch(nx);
+  }
+  for (int t = 0; t < T; ++t) {  // and this tile's output, for writing
+    const char* o = reinterpret_cast<const char*>(out + t * dstep);
+    for (int64_t i = 0; i < C * static_cast<int64_t>(sizeof(scalar_t)); i += 64)
+      __builtin_prefetch(o + i, 1);
+  }
+  int64_t c = 0;
+  for (; c + L <= C; c += L) {
+    Vec acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = Vec(A(0));
+    for (int64_t a = 0; a < nr; ++a) {
+      const scalar_t* xp = simg + (rs[a] * p.Ws + st.s0) * C + c;
+      const scalar_t* fr = p.filt + rk[a] * p.fw * C + c;
+      Vec fv[NC];
+#pragma GCC unroll 8
+      for (int b = 0; b < NC; ++b) fv[b] = Wd::load(fr + st.fidx[b] * C);
+#pragma GCC unroll 32
+      for (int u = 0; u < U; ++u) {
+        const Vec xv = Wd::load(xp + u * C);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const int b = u - t * S;
+          if (b >= 0 && b < NC) acc[t] = at::vec::fmadd(xv, fv[b], acc[t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) Wd::store(out + t * dstep + c, acc[t]);
+  }
+  if (c < C) {  // channel tail through the general path
+    int64_t ck[kMaxSlide], cs[kMaxSlide];
+    for (int b = 0; b < NC; ++b) {
+      ck[b] = st.fidx[b];
+      cs[b] = st.s0 + b;
+    }
+    correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, NC, c, out);
+  }
+}
+
+template <typename scalar_t, int T>
+bool try_slide(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+               const int64_t* rs, int64_t nr, int64_t q, scalar_t* drow) {
+  if (p.sstep > 2) return false;
+  const AxisTaps& cols = *p.cols;
+  SlideTaps st;
+  if (!slide_taps(cols.k.data() + cols.offset[q], cols.src.data() + cols.offset[q],
+                  cols.count(q), &st))
+    return false;
+  scalar_t* out = drow + q * p.C;
+#define TFGRADS_SLIDE(NC)                                                            \
+  case NC:                                                                           \
+    if (p.sstep == 1)                                                                \
+      slide_pixels<scalar_t, NC, 1, T>(p, simg, rk, rs, nr, st, out);                \
+    else                                                                             \
+      slide_pixels<scalar_t, NC, 2, T>(p, simg, rk, rs, nr, st, out);                \
+    return true;
+  switch (st.nc) {
+    TFGRADS_SLIDE(1)
+    TFGRADS_SLIDE(2)
+    TFGRADS_SLIDE(3)
+    TFGRADS_SLIDE(4)
+    TFGRADS_SLIDE(5)
+    default: return false;
+  }
+#undef TFGRADS_SLIDE
+}
+
+template <typename scalar_t>
+void correlate_channels_last(const Correlation<scalar_t>& p) {
+  const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
+  const AxisTaps& rows = *p.rows;
+  const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
+                       std::max<int64_t>(1, p.cols->k.size() / std::max<int64_t>(1, p.Wd));
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.Wd * p.C * taps));
+  at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t nr = begin; nr < end; ++nr) {
+      const int64_t n = nr / p.Hd, r = nr % p.Hd;
+      const scalar_t* simg = p.src + n * p.Hs * p.Ws * p.C;
+      scalar_t* drow = p.dst + nr * p.Wd * p.C;
+      const int64_t* rk = rows.k.data() + rows.offset[r];
+      const int64_t* rs = rows.src.data() + rows.offset[r];
+      const int64_t nrt = rows.count(r);
+      for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
+        for (int64_t q = q0; q < p.Wd;) {
+          if (run[q] >= 8 && try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, q, drow)) {
+            q += 8 * p.qstep;
+          } else if (run[q] >= 4 && try_slide<scalar_t, 4>(p, simg, rk, rs, nrt, q, drow)) {
+            q += 4 * p.qstep;
+          } else if (run[q] >= 2) {
+            correlate_pixels<scalar_t, 2, 4>(p, simg, rk, rs, nrt, q, drow);
+            q += 2 * p.qstep;
+          } else {
+            correlate_pixels<scalar_t, 1, 4>(p, simg, rk, rs, nrt, q, drow);
+            q += p.qstep;
+          }
+        }
+      }
+    }
+  });
+}
+
+// ---- filter gradient, channels-last -----------------------------------------------------------
+// One row of out_backprop (n, i) against one source row (tap row kr): for the output columns
+// [q, q + len) sharing q's NC column taps (shifted by sW per column), K channel vectors from c:
+//   part[kr, ck[b], c..] += sum_t x[h, cs[b] + t*sW, c..] * dy[i, q + t, c..]
+template <typename scalar_t, int NC, int K>
+inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+                            const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
+                            int64_t c, acc_t<scalar_t>* part) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  Vec acc[NC][K];
+  for (int b = 0; b < NC; ++b)
+    for (int k = 0; k < K; ++k) acc[b][k] = Vec(A(0));
+  const scalar_t* dp = dyrow + q * C + c;
+  const scalar_t* xp = xrow + c;
+  const int64_t xstep = sW * C;
+  int64_t xo[NC];
+  for (int b = 0; b < NC; ++b) xo[b] = cs[b] * C;
+  for (int64_t t = 0; t < len; ++t, dp += C, xp += xstep) {
+    Vec d[K];
+    for (int k = 0; k < K; ++k) d[k] = Wd::load(dp + k * L);
+    for (int b = 0; b < NC; ++b)
+      for (int k = 0; k < K; ++k)
+        acc[b][k] = at::vec::fmadd(Wd::load(xp + xo[b] + k * L), d[k], acc[b][k]);
+  }
+  for (int b = 0; b < NC; ++b) {
+    A* pp = part + ck[b] * C + c;
+    for (int k = 0; k < K; ++k) (Vec::loadu(pp + k * L) + acc[b][k]).store(pp + k * L);
+  }
+}
+
+// Any number of column taps, one channel at a time (edges of unusual filters, channel tails).
+template <typename scalar_t>
+inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+                               const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
+                               int64_t C, int64_t c0, int64_t c1, acc_t<scalar_t>* part) {
+  using A = acc_t<scalar_t>;
+  for (int64_t b = 0; b < nc; ++b) {
+    for (int64_t c = c0; c < c1; ++c) {
+      A acc = 0;
+      for (int64_t t = 0; t < len; ++t)
+        acc += static_cast<A>(xrow[(cs[b] + t * sW) * C + c]) *
+               static_cast<A>(dyrow[(q + t) * C + c]);
+      part[ck[b] * C + c] += acc;
+    }
+  }
+}
+
+template <typename scalar_t, int NC>
+void filter_grad_columns(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+                         const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
+                         acc_t<scalar_t>* part) {
+  constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
+  constexpr int K = NC <= 3 ? 2 : 1;
+  int64_t c = 0;
+  for (; c + K * L <= C; c += K * L)
+    filter_grad_run<scalar_t, NC, K>(xrow, dyrow, ck, cs, q, len, sW, C, c, part);
+  for (; c + L <= C; c += L)
+    filter_grad_run<scalar_t, NC, 1>(xrow, dyrow, ck, cs, q, len, sW, C, c, part);
+  if (c < C) filter_grad_scalar(xrow, dyrow, ck, cs, NC, q, len, sW, C, c, C, part);
+}
+
+template <typename scalar_t>
+void filter_grad_segment(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+                         const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
+                         int64_t C, acc_t<scalar_t>* part) {
+  switch (nc) {
+    case 0: return;
+    case 1: return filter_grad_columns<scalar_t, 1>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    case 2: return filter_grad_columns<scalar_t, 2>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    case 3: return filter_grad_columns<scalar_t, 3>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    case 4: return filter_grad_columns<scalar_t, 4>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    case 5: return filter_grad_columns<scalar_t, 5>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    case 6: return filter_grad_columns<scalar_t, 6>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    case 7: return filter_grad_columns<scalar_t, 7>(xrow, dyrow, ck, cs, q, len, sW, C, part);
+    default: return filter_grad_scalar(xrow, dyrow, ck, cs, nc, q, len, sW, C, 0, C, part);
+  }
+}
+
+// df[fh, fw, C] (M = 1) from x [N, H, W, C] and dy [N, Ho, Wo, C].
+template <typename scalar_t>
+void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* df,
+                               const Geometry& g, int64_t C, const AxisTaps& rows,
+                               const AxisTaps& cols) {
+  using A = acc_t<scalar_t>;
+  const std::vector<int64_t> run = shifted_runs(cols, g.Wo, 1, g.sW);
+  const int64_t R = g.N * g.Ho, F = g.fh * g.fw * C;
+  // Fixed chunks of rows (independent of the thread count): deterministic sums.
+  const int64_t rows_per_chunk = std::max<int64_t>(
+      1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
+  const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<A> part(static_cast<size_t>(chunks * F), A(0));
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t ch = cb; ch < ce; ++ch) {
+      A* pc = part.data() + ch * F;
+      for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr) {
+        const int64_t n = nr / g.Ho, i = nr % g.Ho;
+        const scalar_t* dyrow = dy + nr * g.Wo * C;
+        for (int64_t a = rows.offset[i]; a < rows.offset[i + 1]; ++a) {
+          const scalar_t* xrow = x + (n * g.H + rows.src[a]) * g.W * C;
+          A* pr = pc + rows.k[a] * g.fw * C;
+          for (int64_t q = 0; q < g.Wo;) {
+            const int64_t len = run[q], o = cols.offset[q];
+            filter_grad_segment(xrow, dyrow, cols.k.data() + o, cols.src.data() + o,
+                                cols.count(q), q, len, g.sW, C, pr);
+            q += len;
+          }
+        }
+      }
+    }
+  });
+  at::parallel_for(0, F, 2048, [&](int64_t b, int64_t e) {
+    for (int64_t f = b; f < e; ++f) {
+      A s = 0;
+      for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * F + f];
+      df[f] = static_cast<scalar_t>(s);
+    }
+  });
+}
+
+// ============================== channels-first ==============================================
+
+// A zero-padded plane split into sW column phases: element (R, Q) of the padded plane (R = h +
+// pt, Q = w + pl) is buf[((Q % sW) * rows + R) * pitch + Q / sW]. Tap (di, dj) of output (i, j)
+// is then buf[phase(dj)][i*sH + di*dH][j + shift(dj)]: contiguous in j for every stride.
+struct PhasePlane {
+  int64_t rows, pitch, sW;
+  int64_t size() const { return sW * rows * pitch; }
+  int64_t at(int64_t R, int64_t Q) const { return ((Q % sW) * rows + R) * pitch + Q / sW; }
+  int64_t tap(int64_t R, int64_t dj_off) const {  // dj_off = dj * dW
+    return ((dj_off % sW) * rows + R) * pitch + dj_off / sW;
+  }
+};
+
+template <typename A>
+PhasePlane phase_plane(const Geometry& g) {
+  constexpr int64_t L = Vectorized<A>::size();
+  PhasePlane pp;
+  pp.sW = g.sW;
+  pp.rows = std::max(g.H + g.pt, (g.Ho - 1) * g.sH + (g.fh - 1) * g.dH + 1);
+  const int64_t wo_pad = (g.Wo + L - 1) / L * L;  // vector overrun of the last column block
+  const int64_t cols = std::max(g.W + g.pl, (wo_pad - 1) * g.sW + (g.fw - 1) * g.dW + 1);
+  pp.pitch = (cols + g.sW - 1) / g.sW + 1;
+  return pp;
+}
+
+template <typename scalar_t, typename A>
+inline void load_plane(const scalar_t* x, const Geometry& g, const PhasePlane& pp, A* buf) {
+  std::fill(buf, buf + pp.size(), A(0));
+  for (int64_t h = 0; h < g.H; ++h)
+    for (int64_t w = 0; w < g.W; ++w)
+      buf[pp.at(h + g.pt, w + g.pl)] = static_cast<A>(x[h * g.W + w]);
+}
+
+// Up to n (< L) elements widened into a vector, the rest zero.
+template <typename scalar_t, typename A>
+inline Vectorized<A> load_partial(const scalar_t* p, int64_t n) {
+  A tmp[Vectorized<A>::size()] = {};
+  for (int64_t i = 0; i < n; ++i) tmp[i] = static_cast<A>(p[i]);
+  return Vectorized<A>::loadu(tmp);
+}
+
+template <typename scalar_t, typename A>
+inline void store_partial(scalar_t* p, const Vectorized<A>& v, int64_t n) {
+  A tmp[Vectorized<A>::size()];
+  v.store(tmp);
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(tmp[i]);
+}
+
+template <typename scalar_t>
+void forward_channels_first(const scalar_t* x, const scalar_t* f, scalar_t* out,
+                            const Geometry& g) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  const PhasePlane pp = phase_plane<A>(g);
+  const int64_t taps = g.fh * g.fw, CM = g.C * g.M;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * taps));
+  at::parallel_for(0, g.N * g.C, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> buf(pp.size());
+    std::vector<int64_t> off(taps);
+    std::vector<Vec> fv(taps);
+    for (int64_t nc = begin; nc < end; ++nc) {
+      const int64_t n = nc / g.C, c = nc % g.C;
+      load_plane(x + nc * g.H * g.W, g, pp, buf.data());
+      for (int64_t m = 0; m < g.M; ++m) {
+        for (int64_t t = 0; t < taps; ++t)
+          fv[t] = Vec(static_cast<A>(f[t * CM + c * g.M + m]));
+        scalar_t* o = out + (n * CM + c * g.M + m) * g.Ho * g.Wo;
+        for (int64_t i = 0; i < g.Ho; ++i) {
+          for (int64_t di = 0; di < g.fh; ++di)
+            for (int64_t dj = 0; dj < g.fw; ++dj)
+              off[di * g.fw + dj] = pp.tap(i * g.sH + di * g.dH, dj * g.dW);
+          for (int64_t j = 0; j < g.Wo; j += L) {
+            Vec acc(A(0));
+            for (int64_t t = 0; t < taps; ++t)
+              acc = at::vec::fmadd(Vec::loadu(buf.data() + off[t] + j), fv[t], acc);
+            if (j + L <= g.Wo)
+              Wd::store(o + i * g.Wo + j, acc);
+            else
+              store_partial(o + i * g.Wo + j, acc, g.Wo - j);
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void backprop_input_channels_first(const scalar_t* f, const scalar_t* dy, scalar_t* dx,
+                                   const Geometry& g) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  const PhasePlane pp = phase_plane<A>(g);
+  const int64_t taps = g.fh * g.fw, CM = g.C * g.M;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * taps));
+  at::parallel_for(0, g.N * g.C, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> buf(pp.size());
+    for (int64_t nc = begin; nc < end; ++nc) {
+      const int64_t n = nc / g.C, c = nc % g.C;
+      std::fill(buf.begin(), buf.end(), A(0));
+      for (int64_t m = 0; m < g.M; ++m) {
+        const scalar_t* d = dy + (n * CM + c * g.M + m) * g.Ho * g.Wo;
+        for (int64_t i = 0; i < g.Ho; ++i) {
+          for (int64_t j = 0; j < g.Wo; j += L) {
+            const Vec dv = j + L <= g.Wo ? Wd::load(d + i * g.Wo + j)
+                                         : load_partial<scalar_t, A>(d + i * g.Wo + j, g.Wo - j);
+            for (int64_t di = 0; di < g.fh; ++di) {
+              for (int64_t dj = 0; dj < g.fw; ++dj) {
+                A* bp = buf.data() + pp.tap(i * g.sH + di * g.dH, dj * g.dW) + j;
+                const Vec fv(static_cast<A>(f[(di * g.fw + dj) * CM + c * g.M + m]));
+                at::vec::fmadd(dv, fv, Vec::loadu(bp)).store(bp);
+              }
+            }
+          }
+        }
+      }
+      scalar_t* o = dx + nc * g.H * g.W;
+      for (int64_t h = 0; h < g.H; ++h) {
+        if (g.sW == 1) {
+          const A* row = buf.data() + pp.at(h + g.pt, g.pl);
+          int64_t w = 0;
+          for (; w + L <= g.W; w += L) Wd::store(o + h * g.W + w, Vec::loadu(row + w));
+          for (; w < g.W; ++w) o[h * g.W + w] = static_cast<scalar_t>(row[w]);
+        } else {
+          for (int64_t w = 0; w < g.W; ++w)
+            o[h * g.W + w] = static_cast<scalar_t>(buf[pp.at(h + g.pt, w + g.pl)]);
+        }
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void filter_grad_channels_first(const scalar_t* x, const scalar_t* dy, scalar_t* df,
+                                const Geometry& g) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  const PhasePlane pp = phase_plane<A>(g);
+  const int64_t taps = g.fh * g.fw, CM = g.C * g.M;
+  // part[n][c*M+m][tap], one writer per (n, c): summed over n in order afterwards.
+  std::vector<A> part(static_cast<size_t>(g.N * CM * taps), A(0));
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * taps));
+  at::parallel_for(0, g.N * g.C, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> buf(pp.size());
+    for (int64_t nc = begin; nc < end; ++nc) {
+      const int64_t n = nc / g.C, c = nc % g.C;
+      load_plane(x + nc * g.H * g.W, g, pp, buf.data());
+      for (int64_t m = 0; m < g.M; ++m) {
+        const int64_t oc = c * g.M + m;
+        const scalar_t* d = dy + (n * CM + oc) * g.Ho * g.Wo;
+        for (int64_t di = 0; di < g.fh; ++di) {
+          for (int64_t dj = 0; dj < g.fw; ++dj) {
+            Vec acc(A(0));
+            for (int64_t i = 0; i < g.Ho; ++i) {
+              const A* bp = buf.data() + pp.tap(i * g.sH + di * g.dH, dj * g.dW);
+              const scalar_t* dp = d + i * g.Wo;
+              int64_t j = 0;
+              for (; j + L <= g.Wo; j += L)
+                acc = at::vec::fmadd(Vec::loadu(bp + j), Wd::load(dp + j), acc);
+              if (j < g.Wo)
+                acc = at::vec::fmadd(Vec::loadu(bp + j),
+                                     load_partial<scalar_t, A>(dp + j, g.Wo - j), acc);
+            }
+            A lanes[L];
+            acc.store(lanes);
+            A s = 0;
+            for (int64_t l = 0; l < L; ++l) s += lanes[l];
+            part[(n * CM + oc) * taps + di * g.fw + dj] = s;
+          }
+        }
+      }
+    }
+  });
+  at::parallel_for(0, CM * taps, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t oc = k / taps, t = k % taps;
+      A s = 0;
+      for (int64_t n = 0; n < g.N; ++n) s += part[(n * CM + oc) * taps + t];
+      df[t * CM + oc] = static_cast<scalar_t>(s);
+    }
+  });
+}
+
+// ============================== entry points ================================================
+
+// [.., C] -> [.., C*M], each channel repeated M times (output channel c*M+m reads channel c).
+at::Tensor repeat_channels(const at::Tensor& t_cl, int64_t M) {
+  if (M == 1) return t_cl;
+  auto s = t_cl.sizes().vec();
+  const int64_t C = s.back();
+  auto e = t_cl.unsqueeze(-1).expand({s[0], s[1], s[2], C, M});
+  s.back() = C * M;
+  return e.reshape(s);
+}
+
+// The physical NHWC view [N, H, W, C] of a logical tensor in a channels-last layout.
+at::Tensor nhwc_view(const at::Tensor& t, const Geometry& g) {
+  return g.nchw ? t.permute({0, 2, 3, 1}) : t;
+}
+
+at::Tensor depthwise_conv2d_native_cpu(const at::Tensor& input, const at::Tensor& filter,
+                                       at::IntArrayRef strides, c10::string_view padding,
+                                       at::IntArrayRef explicit_paddings,
+                                       c10::string_view data_format, at::IntArrayRef dilations) {
+  const Geometry g = depthwise::check_forward(kFwd, input, filter, strides, padding,
+                                              explicit_paddings, data_format, dilations);
+  const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
+  at::Tensor out = empty_in_layout(g.output_shape(), l, input.options());
+  if (out.numel() == 0) return out;
+  if (g.fh == 0 || g.fw == 0 || g.H == 0 || g.W == 0) return out.zero_();
+  const at::Tensor x = to_physical(input, l);
+  const at::Tensor f = filter.contiguous();
+  depthwise::dispatch_float_types(input.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    if (!l.channels_last) {
+      forward_channels_first(x.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
+                             out.data_ptr<scalar_t>(), g);
+      return;
+    }
+    const at::Tensor xe = repeat_channels(x, g.M).contiguous();
+    const AxisTaps rows = depthwise::forward_taps(g.Ho, g.H, g.fh, g.sH, g.dH, g.pt);
+    const AxisTaps cols = depthwise::forward_taps(g.Wo, g.W, g.fw, g.sW, g.dW, g.pl);
+    const Correlation<scalar_t> p{xe.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
+                                  nhwc_view(out, g).data_ptr<scalar_t>(), g.N, g.H, g.W, g.Ho,
+                                  g.Wo, g.C * g.M, g.fw, &rows, &cols, 1, g.sW};
+    correlate_channels_last(p);
+  });
+  return out;
+}
+
+at::Tensor depthwise_conv2d_native_backprop_input_cpu(
+    c10::SymIntArrayRef input_sizes, const at::Tensor& filter, const at::Tensor& out_backprop,
+    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    c10::string_view data_format, at::IntArrayRef dilations) {
+  const Geometry g = depthwise::check_backprop_input(
+      kBwdInput, C10_AS_INTARRAYREF_SLOW(input_sizes), filter, out_backprop, strides, padding,
+      explicit_paddings, data_format, dilations);
+  const ChannelLayout l = choose_channel_layout(out_backprop, g.cdim(), !g.nchw);
+  at::Tensor dx = empty_in_layout(g.input_shape(), l, out_backprop.options());
+  if (dx.numel() == 0) return dx;
+  if (out_backprop.numel() == 0 || filter.numel() == 0) return dx.zero_();
+  const at::Tensor dy = to_physical(out_backprop, l);
+  const at::Tensor f = filter.contiguous();
+  depthwise::dispatch_float_types(filter.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    if (!l.channels_last) {
+      backprop_input_channels_first(f.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                    dx.data_ptr<scalar_t>(), g);
+      return;
+    }
+    const AxisTaps rows = depthwise::backward_taps(g.H, g.Ho, g.fh, g.sH, g.dH, g.pt);
+    const AxisTaps cols = depthwise::backward_taps(g.W, g.Wo, g.fw, g.sW, g.dW, g.pl);
+    if (g.M == 1) {
+      const Correlation<scalar_t> p{dy.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
+                                    nhwc_view(dx, g).data_ptr<scalar_t>(), g.N, g.Ho, g.Wo,
+                                    g.H, g.W, g.C, g.fw, &rows, &cols, g.sW, 1};
+      correlate_channels_last(p);
+      return;
+    }
+    // C*M channel gradients in the accumulation type, then the M of each channel summed.
+    using A = acc_t<scalar_t>;
+    const auto acc_type = c10::CppTypeToScalarType<A>::value;
+    const at::Tensor dya = dy.to(acc_type), fa = f.to(acc_type);
+    at::Tensor dxe = at::empty({g.N, g.H, g.W, g.C * g.M}, dya.options());
+    const Correlation<A> p{dya.data_ptr<A>(), fa.data_ptr<A>(), dxe.data_ptr<A>(), g.N, g.Ho,
+                           g.Wo, g.H, g.W, g.C * g.M, g.fw, &rows, &cols, g.sW, 1};
+    correlate_channels_last(p);
+    nhwc_view(dx, g).copy_(dxe.view({g.N, g.H, g.W, g.C, g.M}).sum(-1));
+  });
+  return dx;
+}
+
+at::Tensor depthwise_conv2d_native_backprop_filter_cpu(
+    const at::Tensor& input, c10::SymIntArrayRef filter_sizes, const at::Tensor& out_backprop,
+    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    c10::string_view data_format, at::IntArrayRef dilations) {
+  const Geometry g = depthwise::check_backprop_filter(
+      kBwdFilter, input, C10_AS_INTARRAYREF_SLOW(filter_sizes), out_backprop, strides, padding,
+      explicit_paddings, data_format, dilations);
+  at::Tensor df = at::empty(g.filter_shape(), input.options());
+  if (df.numel() == 0) return df;
+  if (out_backprop.numel() == 0 || input.numel() == 0) return df.zero_();
+  // Both big tensors in the input's physical order (out_backprop copied only if it differs).
+  const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
+  const at::Tensor x = to_physical(input, l), dy = to_physical(out_backprop, l);
+  depthwise::dispatch_float_types(input.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    if (!l.channels_last) {
+      filter_grad_channels_first(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                 df.data_ptr<scalar_t>(), g);
+      return;
+    }
+    const at::Tensor xe = repeat_channels(x, g.M).contiguous();
+    const AxisTaps rows = depthwise::forward_taps(g.Ho, g.H, g.fh, g.sH, g.dH, g.pt);
+    const AxisTaps cols = depthwise::forward_taps(g.Wo, g.W, g.fw, g.sW, g.dW, g.pl);
+    filter_grad_channels_last(xe.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                              df.data_ptr<scalar_t>(), g, g.C * g.M, rows, cols);
+  });
+  return df;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tfgrads, CPU, m) {
+  m.impl("depthwise_conv2d_native", &depthwise_conv2d_native_cpu);
+  m.impl("depthwise_conv2d_native_backprop_input", &depthwise_conv2d_native_backprop_input_cpu);
+  m.impl("depthwise_conv2d_native_backprop_filter",
+         &depthwise_conv2d_native_backprop_filter_cpu);
+}
+
+}  // namespace torch_tfgrads

@@ -1,0 +1,295 @@
+"""DepthwiseConv2dNative family without TensorFlow: the three ops against the float64
+grouped-convolution reference over every attr combination (dilations, unequal strides, NCHW,
+EXPLICIT, depth multipliers, both memory formats), dtypes, layouts, empty inputs, determinism,
+autograd (gradcheck/gradgradcheck), opcheck, the Keras-style module and the CUDA kernels where a
+GPU is present."""
+import pytest
+import torch
+
+import torch_tfgrads as T
+from conftest import DEVICES, rel_err
+from torch_tfgrads.parity.depthwise_conv2d import check_case, ours
+from torch_tfgrads.parity.depthwise_conv2d_cases import Case, random_cases, reference
+
+OPS = torch.ops.tfgrads
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+@pytest.mark.parametrize("case", list(random_cases(160, seed=7)), ids=lambda c: c.name)
+def test_matches_float64_reference(case):
+    errs = check_case(case, use_tf=False)
+    assert max(errs.values()) <= TOL[case.x.dtype], errs
+
+
+def test_random_cases_cover_the_attr_space():
+    cases = list(random_cases(160, seed=7))
+    assert {c.data_format for c in cases} == {"NHWC", "NCHW"}
+    assert {c.padding for c in cases} == {"SAME", "VALID", "EXPLICIT"}
+    assert any(c.strides[0] != c.strides[1] for c in cases)
+    assert any(c.dilations != (1, 1) for c in cases)
+    assert any(c.f.shape[3] > 1 for c in cases)
+    assert any(not c.x.is_contiguous() for c in cases) and any(c.x.is_contiguous() for c in cases)
+
+
+def make_case(N=2, H=9, W=8, C=5, M=1, k=(3, 3), s=(1, 1), d=(1, 1), padding="SAME",
+              explicit=((0, 0), (0, 0)), fmt="NHWC", dtype=torch.float64, seed=0):
+    from torch_tfgrads.parity.depthwise_conv2d_cases import out_size_and_pads
+    g = torch.Generator().manual_seed(seed)
+    Ho = out_size_and_pads(H, k[0], s[0], d[0], padding, explicit[0])[0]
+    Wo = out_size_and_pads(W, k[1], s[1], d[1], padding, explicit[1])[0]
+    x = torch.randn(N, H, W, C, generator=g, dtype=torch.float64)
+    f = torch.randn(*k, C, M, generator=g, dtype=torch.float64)
+    dy = torch.randn(N, Ho, Wo, C * M, generator=g, dtype=torch.float64)
+    if fmt == "NCHW":
+        x, dy = x.permute(0, 3, 1, 2).contiguous(), dy.permute(0, 3, 1, 2).contiguous()
+    return Case(x.to(dtype), f.to(dtype), dy.to(dtype), s, d, padding, explicit, fmt)
+
+
+# The vectorised paths: 3x3 / 5x5 sliding windows at stride 1 and 2, wide images (tiles of 8
+# and 4 pixels), channel counts with and without a vector tail, depth multipliers.
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("k,s,d", [((3, 3), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)),
+                                   ((5, 5), (1, 1), (1, 1)), ((5, 5), (2, 2), (1, 1)),
+                                   ((3, 3), (1, 2), (2, 1)), ((1, 1), (1, 1), (1, 1)),
+                                   ((2, 4), (3, 1), (1, 3))])
+@pytest.mark.parametrize("C,M", [(32, 1), (19, 1), (8, 3)])
+def test_fast_paths_match_reference(fmt, k, s, d, C, M):
+    for padding in ("SAME", "VALID"):
+        case = make_case(N=2, H=23, W=29, C=C, M=M, k=k, s=s, d=d, padding=padding, fmt=fmt,
+                         dtype=torch.float32, seed=C + M)
+        errs = check_case(case, use_tf=False)
+        assert max(errs.values()) <= 1e-5, (padding, errs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_half_types_accumulate_in_float(dtype, fmt):
+    case = make_case(N=2, H=17, W=18, C=24, M=2, k=(3, 3), s=(2, 2), fmt=fmt, dtype=dtype)
+    exact = reference(Case(case.x.double(), case.f.double(), case.dy.double(), case.strides,
+                           case.dilations, case.padding, case.explicit, case.data_format))
+    tol = 4e-3 if dtype == torch.float16 else 3e-2  # one rounding of the result (+ inputs)
+    for got, want in zip(ours(case), exact):
+        assert got.dtype == dtype
+        assert rel_err(got, want) <= tol
+
+
+def test_memory_formats_give_identical_results_without_copies():
+    """An NCHW op on channels_last memory (and NHWC on channels-first memory) computes in place
+    and returns the input's memory format."""
+    case = make_case(fmt="NCHW", C=16, dtype=torch.float32)
+    a = case.attrs()
+    x_cl = case.x.contiguous(memory_format=torch.channels_last)
+    y = T.depthwise_conv2d_native(case.x, case.f, *a)
+    y_cl = T.depthwise_conv2d_native(x_cl, case.f, *a)
+    assert y_cl.is_contiguous(memory_format=torch.channels_last) and y.is_contiguous()
+    assert rel_err(y_cl, y) <= 1e-6
+    dy_cl = case.dy.contiguous(memory_format=torch.channels_last)
+    dx = T.depthwise_conv2d_native_backprop_input(case.x.shape, case.f, case.dy, *a)
+    dx_cl = T.depthwise_conv2d_native_backprop_input(case.x.shape, case.f, dy_cl, *a)
+    assert dx_cl.is_contiguous(memory_format=torch.channels_last)
+    assert rel_err(dx_cl, dx) <= 1e-6
+    df = T.depthwise_conv2d_native_backprop_filter(case.x, case.f.shape, case.dy, *a)
+    df_mixed = T.depthwise_conv2d_native_backprop_filter(x_cl, case.f.shape, case.dy, *a)
+    assert rel_err(df_mixed, df) <= 1e-6
+
+
+def test_arbitrary_strides_are_accepted():
+    case = make_case(H=12, W=10, C=6, dtype=torch.float64)
+    big = torch.randn(2, 24, 10, 12, dtype=torch.float64)[:, ::2, :, ::2]  # no dense order
+    big.copy_(case.x)
+    a = case.attrs()
+    assert rel_err(T.depthwise_conv2d_native(big, case.f, *a),
+                   T.depthwise_conv2d_native(case.x, case.f, *a)) == 0
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_sizes_as_list_size_or_tensor(fmt):
+    case = make_case(fmt=fmt)
+    a = case.attrs()
+    want = T.depthwise_conv2d_native_backprop_input(list(case.x.shape), case.f, case.dy, *a)
+    for sizes in (case.x.shape, torch.tensor(case.x.shape, dtype=torch.int32),
+                  torch.tensor(case.x.shape)):
+        assert torch.equal(T.depthwise_conv2d_native_backprop_input(sizes, case.f, case.dy, *a),
+                           want)
+    wf = T.depthwise_conv2d_native_backprop_filter(case.x, list(case.f.shape), case.dy, *a)
+    assert torch.equal(T.depthwise_conv2d_native_backprop_filter(
+        case.x, torch.tensor(case.f.shape, dtype=torch.int32), case.dy, *a), wf)
+
+
+# ---- empty and degenerate inputs: zeros, never uninitialised memory ------------------------------
+def _poisoned(fn):
+    """Runs fn with the allocator's fresh memory filled with NaN-like garbage first."""
+    junk = torch.full((1 << 16,), float("nan"))
+    del junk
+    return fn()
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_empty_and_degenerate_inputs_give_zeros(fmt):
+    st = [1, 1, 1, 1]
+
+    def nhwc(*s):
+        return (s[0], s[3], s[1], s[2]) if fmt == "NCHW" else s
+
+    x = torch.randn(nhwc(1, 4, 4, 3))
+    # filter with a zero spatial size: output [1,5,3,3] (TF's kernel rule), all zero
+    y = _poisoned(lambda: T.depthwise_conv2d_native(x, torch.ones(0, 2, 3, 1), st, "VALID",
+                                                    data_format=fmt))
+    assert y.shape == nhwc(1, 5, 3, 3) and not y.any()
+    # multiplier 0 / C=0 / batch 0 / window larger than the input: empty outputs
+    assert T.depthwise_conv2d_native(x, torch.ones(2, 2, 3, 0), st, "VALID",
+                                     data_format=fmt).shape == nhwc(1, 3, 3, 0)
+    assert T.depthwise_conv2d_native(torch.ones(nhwc(1, 4, 4, 0)), torch.ones(2, 2, 0, 2), st,
+                                     "VALID", data_format=fmt).shape == nhwc(1, 3, 3, 0)
+    assert T.depthwise_conv2d_native(torch.ones(nhwc(0, 4, 4, 3)), torch.ones(2, 2, 3, 1), st,
+                                     "VALID", data_format=fmt).shape == nhwc(0, 3, 3, 3)
+    assert T.depthwise_conv2d_native(torch.ones(nhwc(1, 2, 2, 3)), torch.ones(3, 3, 3, 1), st,
+                                     "VALID", data_format=fmt).shape == nhwc(1, 0, 0, 3)
+    # BackpropInput with multiplier 0 (TF: uninitialised memory) and empty out_backprop
+    dx = _poisoned(lambda: T.depthwise_conv2d_native_backprop_input(
+        nhwc(1, 4, 4, 3), torch.ones(2, 2, 3, 0), torch.ones(nhwc(1, 3, 3, 0)), st, "VALID",
+        data_format=fmt))
+    assert dx.shape == nhwc(1, 4, 4, 3) and not dx.any()
+    dx = T.depthwise_conv2d_native_backprop_input(
+        nhwc(1, 2, 2, 3), torch.ones(3, 3, 3, 1), torch.ones(nhwc(1, 0, 0, 3)), st, "VALID",
+        data_format=fmt)
+    assert dx.shape == nhwc(1, 2, 2, 3) and not dx.any()
+    # BackpropFilter with an empty batch (TF: uninitialised memory, PR #126484)
+    df = _poisoned(lambda: T.depthwise_conv2d_native_backprop_filter(
+        torch.ones(nhwc(0, 4, 4, 3)), [2, 2, 3, 2], torch.ones(nhwc(0, 3, 3, 6)), st, "VALID",
+        data_format=fmt))
+    assert df.shape == (2, 2, 3, 2) and not df.any()
+
+
+def test_input_smaller_than_window_is_empty_by_the_kernel_rule():
+    # H=2, k=3, VALID: trunc((2-3+1)/1) = 0 rows; H=1, k=4, s=2: trunc(-1/2) = 0; H=1,k=3: -1.
+    assert T.depthwise_conv2d_native(torch.ones(1, 2, 5, 1), torch.ones(3, 1, 1, 1),
+                                     [1, 1, 1, 1], "VALID").shape == (1, 0, 5, 1)
+    assert T.depthwise_conv2d_native(torch.ones(1, 1, 5, 1), torch.ones(4, 1, 1, 1),
+                                     [1, 2, 1, 1], "VALID").shape == (1, 0, 5, 1)
+    with pytest.raises(ValueError, match="Computed output size would be negative: -1"):
+        T.depthwise_conv2d_native(torch.ones(1, 1, 5, 1), torch.ones(3, 1, 1, 1), [1, 1, 1, 1],
+                                  "VALID")
+
+
+def test_filter_gradient_is_deterministic_across_thread_counts():
+    case = make_case(N=4, H=40, W=37, C=24, M=1, dtype=torch.float32)
+    a = case.attrs()
+    old = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(T.depthwise_conv2d_native_backprop_filter(case.x, case.f.shape,
+                                                                     case.dy, *a))
+    finally:
+        torch.set_num_threads(old)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+def test_dtype_and_device_checks_name_the_argument():
+    x, f = torch.randn(1, 4, 4, 3), torch.randn(2, 2, 3, 1)
+    with pytest.raises(ValueError, match="argument 'filter' must have the dtype of input"):
+        T.depthwise_conv2d_native(x, f.double(), [1, 1, 1, 1], "VALID")
+    with pytest.raises(ValueError, match="argument 'input' must be a float16"):
+        T.depthwise_conv2d_native(x.int(), f.int(), [1, 1, 1, 1], "VALID")
+    with pytest.raises(ValueError, match="argument 'out_backprop' must have the dtype"):
+        T.depthwise_conv2d_native_backprop_input([1, 4, 4, 3], f, torch.ones(1, 3, 3, 3).double(),
+                                                 [1, 1, 1, 1], "VALID")
+    with pytest.raises(ValueError, match="argument 'padding'"):
+        T.depthwise_conv2d_native(x, f, [1, 1, 1, 1], "same")
+    with pytest.raises(ValueError, match="argument 'input_sizes'.*1-dim, not 2"):
+        T.depthwise_conv2d_native_backprop_input(torch.tensor([[1, 4, 4, 3]]), f,
+                                                 torch.ones(1, 3, 3, 3), [1, 1, 1, 1], "VALID")
+
+
+# ---- autograd ------------------------------------------------------------------------------------
+GRAD_CONFIGS = [
+    dict(k=(3, 3), s=(1, 1), d=(1, 1), padding="SAME", fmt="NHWC"),
+    dict(k=(3, 2), s=(2, 1), d=(1, 2), padding="VALID", fmt="NHWC", M=2),
+    dict(k=(2, 3), s=(1, 2), d=(2, 1), padding="EXPLICIT", explicit=((1, 2), (0, 1)),
+         fmt="NCHW", M=2),
+    dict(k=(3, 3), s=(2, 2), d=(1, 1), padding="SAME", fmt="NCHW"),
+]
+
+
+@pytest.mark.parametrize("cfg", GRAD_CONFIGS, ids=lambda c: f"{c['fmt']}-{c['padding']}-"
+                         f"s{c['s'][0]}{c['s'][1]}-d{c['d'][0]}{c['d'][1]}")
+def test_gradcheck_and_gradgradcheck(cfg):
+    case = make_case(N=2, H=6, W=5, C=3, seed=1, **cfg)
+    a = case.attrs()
+    x, f, dy = (t.clone().requires_grad_() for t in (case.x, case.f, case.dy))
+
+    def fwd(x, f):
+        return T.depthwise_conv2d_native(x, f, *a)
+
+    def bi(f, dy):
+        return T.depthwise_conv2d_native_backprop_input(list(case.x.shape), f, dy, *a)
+
+    def bf(x, dy):
+        return T.depthwise_conv2d_native_backprop_filter(x, list(case.f.shape), dy, *a)
+
+    for fn, args in ((fwd, (x, f)), (bi, (f, dy)), (bf, (x, dy))):
+        assert torch.autograd.gradcheck(fn, args)
+        assert torch.autograd.gradgradcheck(fn, args)
+
+
+def test_forward_gradients_are_the_backprop_ops():
+    case = make_case(N=2, H=7, W=6, C=4, M=2, k=(3, 3), s=(2, 1), d=(1, 2), fmt="NCHW")
+    a = case.attrs()
+    x, f = case.x.clone().requires_grad_(), case.f.clone().requires_grad_()
+    T.depthwise_conv2d_native(x, f, *a).backward(case.dy)
+    _, dx, df = reference(case)
+    assert rel_err(x.grad, dx) <= 1e-12 and rel_err(f.grad, df) <= 1e-12
+
+
+def _opcheck_samples():
+    for fmt in ("NHWC", "NCHW"):
+        case = make_case(N=2, H=6, W=7, C=3, M=2, k=(3, 2), s=(2, 1), d=(1, 2), fmt=fmt)
+        a = case.attrs()
+        for rg in (False, True):
+            x, f, dy = (t.clone().requires_grad_(rg) for t in (case.x, case.f, case.dy))
+            yield f"depthwise_conv2d_native-{fmt}", (x, f, *a)
+            yield f"depthwise_conv2d_native_backprop_input-{fmt}", (list(x.shape), f, dy, *a)
+            yield f"depthwise_conv2d_native_backprop_filter-{fmt}", (x, list(f.shape), dy, *a)
+
+
+@pytest.mark.parametrize("sample", list(_opcheck_samples()), ids=lambda s: s[0])
+def test_opcheck(sample):
+    name, args = sample
+    torch.library.opcheck(getattr(OPS, name.split("-")[0]).default, args)
+
+
+# ---- module --------------------------------------------------------------------------------------
+def test_module_matches_the_op_and_keras_layouts():
+    m = T.nn.DepthwiseConv2d(4, (3, 2), strides=2, padding="same", depth_multiplier=3,
+                             dilation_rate=1)
+    assert m.depthwise_kernel.shape == (3, 2, 4, 3) and m.bias.shape == (12,)
+    with torch.no_grad():
+        m.bias.uniform_()
+    x = torch.randn(2, 9, 8, 4)
+    want = T.depthwise_conv2d_native(x, m.depthwise_kernel, [1, 2, 2, 1], "SAME") + m.bias
+    assert torch.equal(m(x), want)
+    mc = T.nn.DepthwiseConv2d(4, 3, data_format="channels_first", dilation_rate=2,
+                              use_bias=False)
+    xc = torch.randn(2, 4, 9, 9)
+    assert torch.equal(mc(xc), T.depthwise_conv2d_native(xc, mc.depthwise_kernel, [1, 1, 1, 1],
+                                                         "VALID", [], "NCHW", [1, 1, 2, 2]))
+    limit = (6 / (3 * 3 * 4 + 3 * 3 * 1)) ** 0.5  # Keras' Glorot uniform bound
+    assert mc.depthwise_kernel.abs().max() <= limit and mc.bias is None
+    with pytest.raises(ValueError, match="padding"):
+        T.nn.DepthwiseConv2d(4, 3, padding="full")
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_device_matches_reference(device, dtype):
+    for i, case in enumerate(random_cases(40, seed=11, dtypes=(dtype,))):
+        dev = Case(*(t.to(device) for t in (case.x, case.f, case.dy)), case.strides,
+                   case.dilations, case.padding, case.explicit, case.data_format)
+        got = ours(dev)
+        want = reference(case)
+        tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 4e-3}[dtype]
+        for g, w in zip(got, want):
+            assert g.device.type == device and rel_err(g, w) <= tol, (i, case.name)

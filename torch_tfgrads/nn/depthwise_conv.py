@@ -1,0 +1,79 @@
+"""Keras-style DepthwiseConv2D over our op, with the filter in TF's layout."""
+import math
+
+import torch
+
+from ..ops import depthwise_conv2d_native
+
+
+def _pair(v, name):
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(int(i) for i in v)
+    if len(v) != 2:
+        raise ValueError(f"DepthwiseConv2d: argument '{name}' must be an int or a pair, got {v}")
+    return v
+
+
+class DepthwiseConv2d(torch.nn.Module):
+    """`keras.layers.DepthwiseConv2D` for PyTorch, on `depthwise_conv2d_native`.
+
+    Arguments follow Keras (``kernel_size``, ``strides``, ``padding`` "valid"/"same",
+    ``depth_multiplier``, ``data_format`` "channels_last"/"channels_first", ``dilation_rate``,
+    ``use_bias``); ``in_channels`` is given up front (Keras infers it on first call). Parameters
+    have Keras' names and layouts, so a Keras layer's weights load unchanged:
+    ``depthwise_kernel`` ``[kh, kw, in_channels, depth_multiplier]`` and ``bias``
+    ``[in_channels * depth_multiplier]``; initialised like Keras (Glorot uniform, zero bias).
+    Unlike ``tf.nn.depthwise_conv2d``, strides and dilations may be combined (TF 2.21 returns a
+    wrong shape there).
+    """
+
+    def __init__(self, in_channels, kernel_size, strides=1, padding="valid", depth_multiplier=1,
+                 data_format="channels_last", dilation_rate=1, use_bias=True, device=None,
+                 dtype=None):
+        super().__init__()
+        if data_format not in ("channels_last", "channels_first"):
+            raise ValueError("DepthwiseConv2d: argument 'data_format' must be 'channels_last' or "
+                             f"'channels_first', got {data_format!r}")
+        pad = str(padding).upper()
+        if pad not in ("VALID", "SAME"):
+            raise ValueError(f"DepthwiseConv2d: argument 'padding' must be 'valid' or 'same', "
+                             f"got {padding!r}")
+        self.in_channels, self.depth_multiplier = int(in_channels), int(depth_multiplier)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
+        self.padding, self.data_format = pad, data_format
+        kw = dict(device=device, dtype=dtype)
+        self.depthwise_kernel = torch.nn.Parameter(torch.empty(
+            *self.kernel_size, self.in_channels, self.depth_multiplier, **kw))
+        self.bias = (torch.nn.Parameter(torch.empty(self.in_channels * self.depth_multiplier,
+                                                    **kw)) if use_bias else None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        kh, kw = self.kernel_size
+        fan_in = kh * kw * self.in_channels
+        fan_out = kh * kw * self.depth_multiplier
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        with torch.no_grad():
+            self.depthwise_kernel.uniform_(-limit, limit)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def _attr4(self, pair):
+        return [1, 1, *pair] if self.data_format == "channels_first" else [1, *pair, 1]
+
+    def forward(self, x):
+        fmt = "NCHW" if self.data_format == "channels_first" else "NHWC"
+        y = depthwise_conv2d_native(x, self.depthwise_kernel, self._attr4(self.strides),
+                                    self.padding, [], fmt, self._attr4(self.dilation_rate))
+        if self.bias is not None:
+            y = y + (self.bias.view(-1, 1, 1) if fmt == "NCHW" else self.bias)
+        return y
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, kernel_size={self.kernel_size}, strides={self.strides}, "
+                f"padding={self.padding.lower()!r}, depth_multiplier={self.depth_multiplier}, "
+                f"data_format={self.data_format!r}, dilation_rate={self.dilation_rate}, "
+                f"use_bias={self.bias is not None}")
