@@ -61,6 +61,16 @@ def test_fast_paths_match_reference(fmt, k, s, d, C, M):
         assert max(errs.values()) <= 1e-5, (padding, errs)
 
 
+@pytest.mark.parametrize("C,H,s", [(136, 64, 1), (20, 120, 1), (20, 121, 2)])
+def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
+    """Outputs >= 4 MiB are written with non-temporal stores from a row buffer (also rows that
+    are not 32-byte aligned: 20 channels), more than 64 channels are processed in chunks."""
+    case = make_case(N=2 if C > 64 else 4, H=H, W=H, C=C, k=(3, 3), s=(s, s), fmt="NHWC",
+                     dtype=torch.float32, seed=C)
+    errs = check_case(case, use_tf=False)
+    assert max(errs.values()) <= 1e-5, errs
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
 def test_half_types_accumulate_in_float(dtype, fmt):

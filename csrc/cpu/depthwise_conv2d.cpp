@@ -29,12 +29,18 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "common/channel_layout.h"
 #include "common/depthwise_conv2d.h"
 #include "cpu/widen.h"
+
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
 
 namespace torch_tfgrads {
 namespace {
@@ -52,6 +58,41 @@ constexpr const char* kBwdInput = "depthwise_conv2d_native_backprop_input";
 constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
 
 // ============================== channels-last ===============================================
+
+// Non-temporal copy of whole 32-byte chunks (dst 32-byte aligned); AVX2 builds only.
+#if defined(CPU_CAPABILITY_AVX2)
+constexpr bool kCanStream = true;
+// src is 32-byte aligned; dst is aligned up with ordinary stores, then streamed in 32-byte
+// chunks, the tail copied.
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t head = std::min<int64_t>(bytes, (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32);
+  std::memcpy(d, s, head);
+  int64_t i = head;
+  if (head == 0) {  // src and dst equally aligned: aligned loads
+    for (; i + 32 <= bytes; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(s + i)));
+  } else {
+    for (; i + 32 <= bytes; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+}
+inline void stream_fence() { _mm_sfence(); }
+#else
+constexpr bool kCanStream = false;
+inline void stream_copy(void* dst, const void* src, int64_t bytes) { std::memcpy(dst, src, bytes); }
+inline void stream_fence() {}
+#endif
+
+template <typename T>
+inline void prefetch_range(const T* begin, const T* end) {
+  const char* e = reinterpret_cast<const char*>(end);
+  for (const char* p = reinterpret_cast<const char*>(begin); p < e; p += 64) __builtin_prefetch(p);
+}
 
 // run[q]: how many destination columns q, q+qstep, ... have taps that are copies of q's taps
 // with sources shifted by sstep per step (q included).
@@ -115,11 +156,12 @@ inline void correlate_block(const Correlation<scalar_t>& p, const scalar_t* simg
 template <typename scalar_t, int T>
 inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg,
                            const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* ck,
-                           const int64_t* cs, int64_t nc, int64_t c0, scalar_t* out) {
+                           const int64_t* cs, int64_t nc, int64_t c0, int64_t c1,
+                           scalar_t* out) {
   using A = acc_t<scalar_t>;
   const int64_t C = p.C;
   for (int t = 0; t < T; ++t) {
-    for (int64_t c = c0; c < C; ++c) {
+    for (int64_t c = c0; c < c1; ++c) {
       A acc = 0;
       for (int64_t a = 0; a < nr; ++a) {
         const scalar_t* srow = simg + rs[a] * p.Ws * C + t * p.sstep * C + c;
@@ -134,19 +176,20 @@ inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg,
 
 template <typename scalar_t, int T, int K>
 void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                      const int64_t* rs, int64_t nr, int64_t q, scalar_t* drow) {
+                      const int64_t* rs, int64_t nr, int64_t q, int64_t c0, int64_t c1,
+                      scalar_t* drow) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   const AxisTaps& cols = *p.cols;
   const int64_t* ck = cols.k.data() + cols.offset[q];
   const int64_t* cs = cols.src.data() + cols.offset[q];
   const int64_t nc = cols.count(q);
   scalar_t* out = drow + q * p.C;
-  int64_t c = 0;
-  for (; c + K * L <= p.C; c += K * L)
+  int64_t c = c0;
+  for (; c + K * L <= c1; c += K * L)
     correlate_block<scalar_t, T, K>(p, simg, rk, rs, nr, ck, cs, nc, c, out);
-  for (; c + L <= p.C; c += L)
+  for (; c + L <= c1; c += L)
     correlate_block<scalar_t, T, 1>(p, simg, rk, rs, nr, ck, cs, nc, c, out);
-  if (c < p.C) correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, nc, c, out);
+  if (c < c1) correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, nc, c, c1, out);
 }
 
 // Sliding-window fast path (3x3, 5x5, ... with unit dilation along W, source step 1 or 2):
@@ -155,6 +198,10 @@ void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, cons
 // vector is then loaded once and feeds every pixel of the tile that uses it, with the NC
 // filter vectors of the tap row held in registers: ~0.5 loads per FMA for a 3x3 forward.
 constexpr int kMaxSlide = 5;
+constexpr int64_t kChannelChunk = 64;
+struct RowSpan {
+  int64_t lo = 0, hi = 0;  // source rows [lo, hi)
+};
 struct SlideTaps {
   int64_t s0 = 0, nc = 0;
   int64_t fidx[kMaxSlide] = {};  // filter column of source column s0 + b
@@ -176,28 +223,25 @@ bool slide_taps(const int64_t* ck, const int64_t* cs, int64_t nc, SlideTaps* st)
 
 template <typename scalar_t, int NC, int S, int T>
 void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                  const int64_t* rs, int64_t nr, const SlideTaps& st, scalar_t* out) {
+                  const int64_t* rs, int64_t nr, const SlideTaps& st, const RowSpan& next,
+                  int64_t c0, int64_t c1, scalar_t* out) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
   using Wd = Widen<scalar_t, A>;
   constexpr int64_t L = Vec::size();
   constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
   const int64_t C = p.C, dstep = p.qstep * C;
-  // The channel loop below revisits this tile's pixels C / L times with a large stride, which
-  // the hardware prefetchers do not follow: fetch the next tile's source pixels now.
-  for (int64_t a = 0; a < nr; ++a) {
-    const char* nx = reinterpret_cast<const char*>(simg + (rs[a] * p.Ws + st.s0 + U) * C);
-    const char* ne = reinterpret_cast<const char*>(
-        simg + std::min((rs[a] + 1) * p.Ws, rs[a] * p.Ws + st.s0 + U + T * S) * C);
-    for (; nx < ne; nx += 64) __builtin_prefetch(nx);
+  // The source rows the next destination row adds come from memory, and the channel loop below
+  // revisits each pixel with a stride the hardware prefetchers do not follow: fetch them one
+  // row of work ahead, over this tile's columns.
+  for (int64_t r = next.lo; r < next.hi; ++r) {
+    for (int u = 0; u < U; ++u) {
+      const scalar_t* px = simg + (r * p.Ws + st.s0 + u) * C;
+      prefetch_range(px + c0, px + c1);
+    }
   }
-  for (int t = 0; t < T; ++t) {  // and this tile's output, for writing
-    const char* o = reinterpret_cast<const char*>(out + t * dstep);
-    for (int64_t i = 0; i < C * static_cast<int64_t>(sizeof(scalar_t)); i += 64)
-      __builtin_prefetch(o + i, 1);
-  }
-  int64_t c = 0;
-  for (; c + L <= C; c += L) {
+  int64_t c = c0;
+  for (; c + L <= c1; c += L) {
     Vec acc[T];
     for (int t = 0; t < T; ++t) acc[t] = Vec(A(0));
     for (int64_t a = 0; a < nr; ++a) {
@@ -218,19 +262,20 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
     }
     for (int t = 0; t < T; ++t) Wd::store(out + t * dstep + c, acc[t]);
   }
-  if (c < C) {  // channel tail through the general path
+  if (c < c1) {  // channel tail through the general path
     int64_t ck[kMaxSlide], cs[kMaxSlide];
     for (int b = 0; b < NC; ++b) {
       ck[b] = st.fidx[b];
       cs[b] = st.s0 + b;
     }
-    correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, NC, c, out);
+    correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, NC, c, c1, out);
   }
 }
 
 template <typename scalar_t, int T>
 bool try_slide(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-               const int64_t* rs, int64_t nr, int64_t q, scalar_t* drow) {
+               const int64_t* rs, int64_t nr, const RowSpan& next, int64_t q, int64_t c0,
+               int64_t c1, scalar_t* drow) {
   if (p.sstep > 2) return false;
   const AxisTaps& cols = *p.cols;
   SlideTaps st;
@@ -238,12 +283,12 @@ bool try_slide(const Correlation<scalar_t>& p, const scalar_t* simg, const int64
                   cols.count(q), &st))
     return false;
   scalar_t* out = drow + q * p.C;
-#define TFGRADS_SLIDE(NC)                                                            \
-  case NC:                                                                           \
-    if (p.sstep == 1)                                                                \
-      slide_pixels<scalar_t, NC, 1, T>(p, simg, rk, rs, nr, st, out);                \
-    else                                                                             \
-      slide_pixels<scalar_t, NC, 2, T>(p, simg, rk, rs, nr, st, out);                \
+#define TFGRADS_SLIDE(NC)                                                          \
+  case NC:                                                                         \
+    if (p.sstep == 1)                                                              \
+      slide_pixels<scalar_t, NC, 1, T>(p, simg, rk, rs, nr, st, next, c0, c1, out);        \
+    else                                                                           \
+      slide_pixels<scalar_t, NC, 2, T>(p, simg, rk, rs, nr, st, next, c0, c1, out);        \
     return true;
   switch (st.nc) {
     TFGRADS_SLIDE(1)
@@ -260,33 +305,66 @@ template <typename scalar_t>
 void correlate_channels_last(const Correlation<scalar_t>& p) {
   const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
   const AxisTaps& rows = *p.rows;
+  std::vector<int64_t> last_src(p.Hd, -1);  // the furthest source row of each destination row
+  for (int64_t r = 0; r < p.Hd; ++r)
+    for (int64_t a = rows.offset[r]; a < rows.offset[r + 1]; ++a)
+      last_src[r] = std::max(last_src[r], rows.src[a]);
+  for (int64_t r = 1; r < p.Hd; ++r) last_src[r] = std::max(last_src[r], last_src[r - 1]);
   const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
                        std::max<int64_t>(1, p.cols->k.size() / std::max<int64_t>(1, p.Wd));
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.Wd * p.C * taps));
+  // Large outputs (far beyond the caches, where a consumer could not find them anyway) are
+  // computed row by row into an L1/L2-resident buffer and streamed to memory with
+  // non-temporal stores: no read-for-ownership of the output lines, no cache pollution.
+  const int64_t row_elems = p.Wd * p.C;
+  const bool streaming = kCanStream &&
+                         p.N * p.Hd * row_elems * static_cast<int64_t>(sizeof(scalar_t)) >=
+                             (int64_t{4} << 20);
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
+    std::vector<scalar_t> row_buf(streaming ? row_elems + 64 : 0);
+    scalar_t* stage = nullptr;
+    if (streaming) {
+      auto addr = (reinterpret_cast<uintptr_t>(row_buf.data()) + 63) & ~uintptr_t{63};
+      stage = reinterpret_cast<scalar_t*>(addr);
+    }
     for (int64_t nr = begin; nr < end; ++nr) {
       const int64_t n = nr / p.Hd, r = nr % p.Hd;
       const scalar_t* simg = p.src + n * p.Hs * p.Ws * p.C;
-      scalar_t* drow = p.dst + nr * p.Wd * p.C;
+      scalar_t* const dst_row = p.dst + nr * row_elems;
+      scalar_t* drow = streaming ? stage : dst_row;
       const int64_t* rk = rows.k.data() + rows.offset[r];
       const int64_t* rs = rows.src.data() + rows.offset[r];
       const int64_t nrt = rows.count(r);
-      for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
-        for (int64_t q = q0; q < p.Wd;) {
-          if (run[q] >= 8 && try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, q, drow)) {
-            q += 8 * p.qstep;
-          } else if (run[q] >= 4 && try_slide<scalar_t, 4>(p, simg, rk, rs, nrt, q, drow)) {
-            q += 4 * p.qstep;
-          } else if (run[q] >= 2) {
-            correlate_pixels<scalar_t, 2, 4>(p, simg, rk, rs, nrt, q, drow);
-            q += 2 * p.qstep;
-          } else {
-            correlate_pixels<scalar_t, 1, 4>(p, simg, rk, rs, nrt, q, drow);
-            q += p.qstep;
+      RowSpan next;
+      if (r + 1 < p.Hd) {
+        next.lo = last_src[r] + 1;
+        next.hi = last_src[r + 1] + 1;
+      }
+      // Channels in chunks of kChannelChunk: a tile's source pixels (tap rows x tile columns x
+      // chunk) stay within L1 however many channels there are.
+      for (int64_t c0 = 0; c0 < p.C; c0 += kChannelChunk) {
+        const int64_t c1 = std::min(p.C, c0 + kChannelChunk);
+        for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
+          for (int64_t q = q0; q < p.Wd;) {
+            if (run[q] >= 8 &&
+                try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
+              q += 8 * p.qstep;
+            } else if (run[q] >= 4 &&
+                       try_slide<scalar_t, 4>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
+              q += 4 * p.qstep;
+            } else if (run[q] >= 2) {
+              correlate_pixels<scalar_t, 2, 4>(p, simg, rk, rs, nrt, q, c0, c1, drow);
+              q += 2 * p.qstep;
+            } else {
+              correlate_pixels<scalar_t, 1, 4>(p, simg, rk, rs, nrt, q, c0, c1, drow);
+              q += p.qstep;
+            }
           }
         }
       }
+      if (streaming) stream_copy(dst_row, stage, row_elems * sizeof(scalar_t));
     }
+    if (streaming) stream_fence();
   });
 }
 
@@ -340,34 +418,49 @@ inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, cons
   }
 }
 
+// The source rows of one output row (tap rows) and the partial filter rows they add into.
+template <typename scalar_t>
+struct TapRows {
+  const scalar_t* x[64];
+  acc_t<scalar_t>* part[64];
+  int64_t n = 0;
+};
+
+// All tap rows of one output row over the columns [q, q + len) (at most a tile), channel
+// block by channel block: the tile's pixels stay in L1 while every channel is done.
 template <typename scalar_t, int NC>
-void filter_grad_columns(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
-                         const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
-                         acc_t<scalar_t>* part) {
+void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
+                         const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   constexpr int K = NC <= 3 ? 2 : 1;
   int64_t c = 0;
   for (; c + K * L <= C; c += K * L)
-    filter_grad_run<scalar_t, NC, K>(xrow, dyrow, ck, cs, q, len, sW, C, c, part);
+    for (int64_t a = 0; a < rows.n; ++a)
+      filter_grad_run<scalar_t, NC, K>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
   for (; c + L <= C; c += L)
-    filter_grad_run<scalar_t, NC, 1>(xrow, dyrow, ck, cs, q, len, sW, C, c, part);
-  if (c < C) filter_grad_scalar(xrow, dyrow, ck, cs, NC, q, len, sW, C, c, C, part);
+    for (int64_t a = 0; a < rows.n; ++a)
+      filter_grad_run<scalar_t, NC, 1>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
+  if (c < C)
+    for (int64_t a = 0; a < rows.n; ++a)
+      filter_grad_scalar(rows.x[a], dyrow, ck, cs, NC, q, len, sW, C, c, C, rows.part[a]);
 }
 
 template <typename scalar_t>
-void filter_grad_segment(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
                          const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
-                         int64_t C, acc_t<scalar_t>* part) {
+                         int64_t C) {
   switch (nc) {
     case 0: return;
-    case 1: return filter_grad_columns<scalar_t, 1>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    case 2: return filter_grad_columns<scalar_t, 2>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    case 3: return filter_grad_columns<scalar_t, 3>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    case 4: return filter_grad_columns<scalar_t, 4>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    case 5: return filter_grad_columns<scalar_t, 5>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    case 6: return filter_grad_columns<scalar_t, 6>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    case 7: return filter_grad_columns<scalar_t, 7>(xrow, dyrow, ck, cs, q, len, sW, C, part);
-    default: return filter_grad_scalar(xrow, dyrow, ck, cs, nc, q, len, sW, C, 0, C, part);
+    case 1: return filter_grad_columns<scalar_t, 1>(rows, dyrow, ck, cs, q, len, sW, C);
+    case 2: return filter_grad_columns<scalar_t, 2>(rows, dyrow, ck, cs, q, len, sW, C);
+    case 3: return filter_grad_columns<scalar_t, 3>(rows, dyrow, ck, cs, q, len, sW, C);
+    case 4: return filter_grad_columns<scalar_t, 4>(rows, dyrow, ck, cs, q, len, sW, C);
+    case 5: return filter_grad_columns<scalar_t, 5>(rows, dyrow, ck, cs, q, len, sW, C);
+    case 6: return filter_grad_columns<scalar_t, 6>(rows, dyrow, ck, cs, q, len, sW, C);
+    case 7: return filter_grad_columns<scalar_t, 7>(rows, dyrow, ck, cs, q, len, sW, C);
+    default:
+      for (int64_t a = 0; a < rows.n; ++a)
+        filter_grad_scalar(rows.x[a], dyrow, ck, cs, nc, q, len, sW, C, 0, C, rows.part[a]);
   }
 }
 
@@ -384,19 +477,43 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
       1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
   const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
   std::vector<A> part(static_cast<size_t>(chunks * F), A(0));
+  const scalar_t* x_end = x + g.N * g.H * g.W * C;
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t ch = cb; ch < ce; ++ch) {
       A* pc = part.data() + ch * F;
       for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr) {
         const int64_t n = nr / g.Ho, i = nr % g.Ho;
         const scalar_t* dyrow = dy + nr * g.Wo * C;
-        for (int64_t a = rows.offset[i]; a < rows.offset[i + 1]; ++a) {
-          const scalar_t* xrow = x + (n * g.H + rows.src[a]) * g.W * C;
-          A* pr = pc + rows.k[a] * g.fw * C;
+        for (int64_t a0 = rows.offset[i]; a0 < rows.offset[i + 1]; a0 += 64) {
+          TapRows<scalar_t> tr;  // (more than 64 tap rows: in groups of 64)
+          for (int64_t a = a0; a < std::min(rows.offset[i + 1], a0 + 64); ++a, ++tr.n) {
+            tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
+            tr.part[tr.n] = pc + rows.k[a] * g.fw * C;
+          }
           for (int64_t q = 0; q < g.Wo;) {
-            const int64_t len = run[q], o = cols.offset[q];
-            filter_grad_segment(xrow, dyrow, cols.k.data() + o, cols.src.data() + o,
-                                cols.count(q), q, len, g.sW, C, pr);
+            const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
+            // Tiles of 8 columns of a run share q's taps, shifted by sW per column.
+            for (int64_t t0 = 0; t0 < len; t0 += 8) {
+              int64_t cs[16];
+              const int64_t* src = cols.src.data() + o;
+              const bool fits = nc <= 16;
+              if (fits)
+                for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
+              const int64_t tl = fits ? std::min<int64_t>(8, len - t0) : len;
+              // Prefetch the next output row's out_backprop and source rows over this tile's
+              // columns (a stream from memory one row of work ahead; see slide_pixels).
+              if (nr + 1 < R && fits) {
+                const scalar_t* nd = dyrow + (g.Wo + q + t0) * C;
+                prefetch_range(nd, nd + tl * C);
+                for (int64_t a = 0; a < tr.n; ++a) {
+                  const scalar_t* nx = tr.x[a] + g.sH * g.W * C + cs[0] * C;
+                  if (nx + (tl * g.sW + nc) * C <= x_end) prefetch_range(nx, nx + (tl * g.sW + nc) * C);
+                }
+              }
+              filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
+                                  g.sW, C);
+              if (!fits) break;
+            }
             q += len;
           }
         }
