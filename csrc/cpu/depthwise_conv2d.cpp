@@ -109,6 +109,10 @@ std::vector<int64_t> shifted_runs(const AxisTaps& cols, int64_t dst, int64_t qst
   return run;
 }
 
+struct RowSpan {
+  int64_t lo = 0, hi = 0;  // source rows [lo, hi)
+};
+
 // Source/destination of one correlation (channels-last, M = 1, C channels).
 template <typename scalar_t>
 struct Correlation {
@@ -176,13 +180,19 @@ inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg,
 
 template <typename scalar_t, int T, int K>
 void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                      const int64_t* rs, int64_t nr, int64_t q, int64_t c0, int64_t c1,
-                      scalar_t* drow) {
+                      const int64_t* rs, int64_t nr, const RowSpan& next, int64_t q,
+                      int64_t c0, int64_t c1, scalar_t* drow) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   const AxisTaps& cols = *p.cols;
   const int64_t* ck = cols.k.data() + cols.offset[q];
   const int64_t* cs = cols.src.data() + cols.offset[q];
   const int64_t nc = cols.count(q);
+  for (int64_t r = next.lo; r < next.hi; ++r)  // as in slide_pixels
+    for (int64_t b = 0; b < nc; ++b)
+      for (int t = 0; t < T; ++t) {
+        const scalar_t* px = simg + (r * p.Ws + cs[b] + t * p.sstep) * p.C;
+        prefetch_range(px + c0, px + c1);
+      }
   scalar_t* out = drow + q * p.C;
   int64_t c = c0;
   for (; c + K * L <= c1; c += K * L)
@@ -199,9 +209,7 @@ void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, cons
 // filter vectors of the tap row held in registers: ~0.5 loads per FMA for a 3x3 forward.
 constexpr int kMaxSlide = 5;
 constexpr int64_t kChannelChunk = 64;
-struct RowSpan {
-  int64_t lo = 0, hi = 0;  // source rows [lo, hi)
-};
+
 struct SlideTaps {
   int64_t s0 = 0, nc = 0;
   int64_t fidx[kMaxSlide] = {};  // filter column of source column s0 + b
@@ -346,17 +354,26 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
         const int64_t c1 = std::min(p.C, c0 + kChannelChunk);
         for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
           for (int64_t q = q0; q < p.Wd;) {
+            // The end of a run shorter than a tile is done as a tile that starts earlier in
+            // the same run (recomputing a few pixels) rather than pixel by pixel.
+            const int64_t back8 = q - (8 - run[q]) * p.qstep, back4 = q - (4 - run[q]) * p.qstep;
             if (run[q] >= 8 &&
                 try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
               q += 8 * p.qstep;
+            } else if (run[q] >= 4 && back8 >= q0 && run[back8] >= 8 &&
+                       try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, next, back8, c0, c1, drow)) {
+              q += run[q] * p.qstep;
             } else if (run[q] >= 4 &&
                        try_slide<scalar_t, 4>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
               q += 4 * p.qstep;
+            } else if (back4 >= q0 && run[back4] >= 4 &&
+                       try_slide<scalar_t, 4>(p, simg, rk, rs, nrt, next, back4, c0, c1, drow)) {
+              q += run[q] * p.qstep;
             } else if (run[q] >= 2) {
-              correlate_pixels<scalar_t, 2, 4>(p, simg, rk, rs, nrt, q, c0, c1, drow);
+              correlate_pixels<scalar_t, 2, 4>(p, simg, rk, rs, nrt, next, q, c0, c1, drow);
               q += 2 * p.qstep;
             } else {
-              correlate_pixels<scalar_t, 1, 4>(p, simg, rk, rs, nrt, q, c0, c1, drow);
+              correlate_pixels<scalar_t, 1, 4>(p, simg, rk, rs, nrt, next, q, c0, c1, drow);
               q += p.qstep;
             }
           }
@@ -401,6 +418,39 @@ inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const i
   }
 }
 
+// The same for a tile of exactly 8 columns whose taps read consecutive source columns (unit
+// dilation along W) at source step S: fully unrolled, so each source vector is loaded once and
+// reused by every (column, tap) pair that reads it (S = 1: 10 loads instead of 24 for 3 taps).
+template <typename scalar_t, int NC, int K, int S>
+inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+                             int64_t s0, int64_t q, int64_t C, int64_t c, acc_t<scalar_t>* part) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  constexpr int T = 8;
+  Vec acc[NC][K];
+  for (int b = 0; b < NC; ++b)
+    for (int k = 0; k < K; ++k) acc[b][k] = Vec(A(0));
+  const scalar_t* dp = dyrow + q * C + c;
+  const scalar_t* xp = xrow + s0 * C + c;
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    Vec d[K];
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) d[k] = Wd::load(dp + t * C + k * L);
+#pragma GCC unroll 8
+    for (int b = 0; b < NC; ++b)
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k)
+        acc[b][k] = at::vec::fmadd(Wd::load(xp + (t * S + b) * C + k * L), d[k], acc[b][k]);
+  }
+  for (int b = 0; b < NC; ++b) {
+    A* pp = part + ck[b] * C + c;
+    for (int k = 0; k < K; ++k) (Vec::loadu(pp + k * L) + acc[b][k]).store(pp + k * L);
+  }
+}
+
 // Any number of column taps, one channel at a time (edges of unusual filters, channel tails).
 template <typename scalar_t>
 inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
@@ -433,7 +483,20 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
                          const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   constexpr int K = NC <= 3 ? 2 : 1;
+  bool consecutive = len == 8 && sW <= 2;
+  for (int b = 1; consecutive && b < NC; ++b) consecutive = cs[b] == cs[0] + b;
   int64_t c = 0;
+  if (consecutive) {
+    for (; c + K * L <= C; c += K * L)
+      for (int64_t a = 0; a < rows.n; ++a) {
+        if (sW == 1)
+          filter_grad_tile<scalar_t, NC, K, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c,
+                                               rows.part[a]);
+        else
+          filter_grad_tile<scalar_t, NC, K, 2>(rows.x[a], dyrow, ck, cs[0], q, C, c,
+                                               rows.part[a]);
+      }
+  }
   for (; c + K * L <= C; c += K * L)
     for (int64_t a = 0; a < rows.n; ++a)
       filter_grad_run<scalar_t, NC, K>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
