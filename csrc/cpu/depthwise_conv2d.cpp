@@ -93,6 +93,13 @@ inline void prefetch_range(const T* begin, const T* end) {
   const char* e = reinterpret_cast<const char*>(end);
   for (const char* p = reinterpret_cast<const char*>(begin); p < e; p += 64) __builtin_prefetch(p);
 }
+// Into L2 only: for data needed a whole row of work later (too far ahead for L1).
+template <typename T>
+inline void prefetch_range_l2(const T* begin, const T* end) {
+  const char* e = reinterpret_cast<const char*>(end);
+  for (const char* p = reinterpret_cast<const char*>(begin); p < e; p += 64)
+    __builtin_prefetch(p, 0, 1);
+}
 
 // run[q]: how many destination columns q, q+qstep, ... have taps that are copies of q's taps
 // with sources shifted by sstep per step (q included).
@@ -565,12 +572,21 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
               const int64_t tl = fits ? std::min<int64_t>(8, len - t0) : len;
               // Prefetch the next output row's out_backprop and source rows over this tile's
               // columns (a stream from memory one row of work ahead; see slide_pixels).
-              if (nr + 1 < R && fits) {
+              if (fits && t0 + 8 < len) {  // the next tile of this row, into L1
+                const scalar_t* nd = dyrow + (q + t0 + 8) * C;
+                prefetch_range(nd, nd + std::min<int64_t>(8, len - t0 - 8) * C);
+                for (int64_t a = 0; a < tr.n; ++a) {
+                  const scalar_t* nx = tr.x[a] + (cs[0] + 8 * g.sW) * C;
+                  prefetch_range(nx, nx + (8 * g.sW + nc) * C);
+                }
+              }
+              if (nr + 1 < R && fits) {  // the next output row, into L2
                 const scalar_t* nd = dyrow + (g.Wo + q + t0) * C;
-                prefetch_range(nd, nd + tl * C);
+                prefetch_range_l2(nd, nd + tl * C);
                 for (int64_t a = 0; a < tr.n; ++a) {
                   const scalar_t* nx = tr.x[a] + g.sH * g.W * C + cs[0] * C;
-                  if (nx + (tl * g.sW + nc) * C <= x_end) prefetch_range(nx, nx + (tl * g.sW + nc) * C);
+                  const scalar_t* ne = nx + (tl * g.sW + nc) * C;
+                  if (ne <= x_end) prefetch_range_l2(nx, ne);
                 }
               }
               filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
