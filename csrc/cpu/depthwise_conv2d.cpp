@@ -198,7 +198,7 @@ void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, cons
     for (int64_t b = 0; b < nc; ++b)
       for (int t = 0; t < T; ++t) {
         const scalar_t* px = simg + (r * p.Ws + cs[b] + t * p.sstep) * p.C;
-        prefetch_range(px + c0, px + c1);
+        prefetch_range_l2(px + c0, px + c1);
       }
   scalar_t* out = drow + q * p.C;
   int64_t c = c0;
@@ -246,13 +246,14 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
   constexpr int64_t L = Vec::size();
   constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
   const int64_t C = p.C, dstep = p.qstep * C;
-  // The source rows the next destination row adds come from memory, and the channel loop below
-  // revisits each pixel with a stride the hardware prefetchers do not follow: fetch them one
-  // row of work ahead, over this tile's columns.
+  // The channel loop below revisits each pixel with a stride the hardware prefetchers do not
+  // follow: prefetch, over this tile's columns, the source rows the next destination row adds
+  // (from memory) into L2, one row of work ahead. (Measured: also prefetching the next tile into
+  // L1 is slower for small channel counts.)
   for (int64_t r = next.lo; r < next.hi; ++r) {
     for (int u = 0; u < U; ++u) {
       const scalar_t* px = simg + (r * p.Ws + st.s0 + u) * C;
-      prefetch_range(px + c0, px + c1);
+      prefetch_range_l2(px + c0, px + c1);
     }
   }
   int64_t c = c0;
@@ -363,13 +364,10 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
           for (int64_t q = q0; q < p.Wd;) {
             // The end of a run shorter than a tile is done as a tile that starts earlier in
             // the same run (recomputing a few pixels) rather than pixel by pixel.
-            const int64_t back8 = q - (8 - run[q]) * p.qstep, back4 = q - (4 - run[q]) * p.qstep;
+            const int64_t back4 = q - (4 - run[q]) * p.qstep;
             if (run[q] >= 8 &&
                 try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
               q += 8 * p.qstep;
-            } else if (run[q] >= 4 && back8 >= q0 && run[back8] >= 8 &&
-                       try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, next, back8, c0, c1, drow)) {
-              q += run[q] * p.qstep;
             } else if (run[q] >= 4 &&
                        try_slide<scalar_t, 4>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
               q += 4 * p.qstep;
