@@ -93,6 +93,21 @@ inline void prefetch_range(const T* begin, const T* end) {
   const char* e = reinterpret_cast<const char*>(end);
   for (const char* p = reinterpret_cast<const char*>(begin); p < e; p += 64) __builtin_prefetch(p);
 }
+// Channels [c0, c1) of n consecutive pixels of C channels; locality 3: into L1, 1: into L2.
+template <typename T>
+inline void prefetch_pixels(const T* first, int64_t n, int64_t C, int64_t c0, int64_t c1,
+                            int locality) {
+  for (int64_t i = 0; i < n; ++i) {
+    const char* p = reinterpret_cast<const char*>(first + i * C + c0);
+    const char* e = reinterpret_cast<const char*>(first + i * C + c1);
+    for (; p < e; p += 64) {
+      if (locality == 3)
+        __builtin_prefetch(p, 0, 3);
+      else
+        __builtin_prefetch(p, 0, 1);
+    }
+  }
+}
 // Into L2 only: for data needed a whole row of work later (too far ahead for L1).
 template <typename T>
 inline void prefetch_range_l2(const T* begin, const T* end) {
@@ -485,14 +500,15 @@ struct TapRows {
 // block by channel block: the tile's pixels stay in L1 while every channel is done.
 template <typename scalar_t, int NC>
 void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
-                         const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C) {
+                         const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
+                         int64_t c0, int64_t c1) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   constexpr int K = NC <= 3 ? 2 : 1;
   bool consecutive = len == 8 && sW <= 2;
   for (int b = 1; consecutive && b < NC; ++b) consecutive = cs[b] == cs[0] + b;
-  int64_t c = 0;
+  int64_t c = c0;
   if (consecutive) {
-    for (; c + K * L <= C; c += K * L)
+    for (; c + K * L <= c1; c += K * L)
       for (int64_t a = 0; a < rows.n; ++a) {
         if (sW == 1)
           filter_grad_tile<scalar_t, NC, K, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c,
@@ -502,34 +518,37 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
                                                rows.part[a]);
       }
   }
-  for (; c + K * L <= C; c += K * L)
+  for (; c + K * L <= c1; c += K * L)
     for (int64_t a = 0; a < rows.n; ++a)
       filter_grad_run<scalar_t, NC, K>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
-  for (; c + L <= C; c += L)
+  for (; c + L <= c1; c += L)
     for (int64_t a = 0; a < rows.n; ++a)
       filter_grad_run<scalar_t, NC, 1>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
-  if (c < C)
+  if (c < c1)
     for (int64_t a = 0; a < rows.n; ++a)
-      filter_grad_scalar(rows.x[a], dyrow, ck, cs, NC, q, len, sW, C, c, C, rows.part[a]);
+      filter_grad_scalar(rows.x[a], dyrow, ck, cs, NC, q, len, sW, C, c, c1, rows.part[a]);
 }
 
 template <typename scalar_t>
 void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
                          const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
-                         int64_t C) {
+                         int64_t C, int64_t c0, int64_t c1) {
+#define TFGRADS_FG(NC) \
+  case NC: return filter_grad_columns<scalar_t, NC>(rows, dyrow, ck, cs, q, len, sW, C, c0, c1);
   switch (nc) {
     case 0: return;
-    case 1: return filter_grad_columns<scalar_t, 1>(rows, dyrow, ck, cs, q, len, sW, C);
-    case 2: return filter_grad_columns<scalar_t, 2>(rows, dyrow, ck, cs, q, len, sW, C);
-    case 3: return filter_grad_columns<scalar_t, 3>(rows, dyrow, ck, cs, q, len, sW, C);
-    case 4: return filter_grad_columns<scalar_t, 4>(rows, dyrow, ck, cs, q, len, sW, C);
-    case 5: return filter_grad_columns<scalar_t, 5>(rows, dyrow, ck, cs, q, len, sW, C);
-    case 6: return filter_grad_columns<scalar_t, 6>(rows, dyrow, ck, cs, q, len, sW, C);
-    case 7: return filter_grad_columns<scalar_t, 7>(rows, dyrow, ck, cs, q, len, sW, C);
+    TFGRADS_FG(1)
+    TFGRADS_FG(2)
+    TFGRADS_FG(3)
+    TFGRADS_FG(4)
+    TFGRADS_FG(5)
+    TFGRADS_FG(6)
+    TFGRADS_FG(7)
     default:
       for (int64_t a = 0; a < rows.n; ++a)
-        filter_grad_scalar(rows.x[a], dyrow, ck, cs, nc, q, len, sW, C, 0, C, rows.part[a]);
+        filter_grad_scalar(rows.x[a], dyrow, ck, cs, nc, q, len, sW, C, c0, c1, rows.part[a]);
   }
+#undef TFGRADS_FG
 }
 
 // df[fh, fw, C] (M = 1) from x [N, H, W, C] and dy [N, Ho, Wo, C].
@@ -558,40 +577,40 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
             tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
             tr.part[tr.n] = pc + rows.k[a] * g.fw * C;
           }
-          for (int64_t q = 0; q < g.Wo;) {
-            const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
-            // Tiles of 8 columns of a run share q's taps, shifted by sW per column.
-            for (int64_t t0 = 0; t0 < len; t0 += 8) {
-              int64_t cs[16];
-              const int64_t* src = cols.src.data() + o;
-              const bool fits = nc <= 16;
-              if (fits)
-                for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
-              const int64_t tl = fits ? std::min<int64_t>(8, len - t0) : len;
-              // Prefetch the next output row's out_backprop and source rows over this tile's
-              // columns (a stream from memory one row of work ahead; see slide_pixels).
-              if (fits && t0 + 8 < len) {  // the next tile of this row, into L1
-                const scalar_t* nd = dyrow + (q + t0 + 8) * C;
-                prefetch_range(nd, nd + std::min<int64_t>(8, len - t0 - 8) * C);
-                for (int64_t a = 0; a < tr.n; ++a) {
-                  const scalar_t* nx = tr.x[a] + (cs[0] + 8 * g.sW) * C;
-                  prefetch_range(nx, nx + (8 * g.sW + nc) * C);
+          // Channels in chunks (as the correlation): a tile's pixels stay within L1.
+          for (int64_t c0 = 0; c0 < C; c0 += kChannelChunk) {
+            const int64_t c1 = std::min(C, c0 + kChannelChunk);
+            for (int64_t q = 0; q < g.Wo;) {
+              const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
+              // Tiles of 8 columns of a run share q's taps, shifted by sW per column.
+              for (int64_t t0 = 0; t0 < len; t0 += 8) {
+                int64_t cs[16];
+                const int64_t* src = cols.src.data() + o;
+                const bool fits = nc <= 16;
+                if (fits)
+                  for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
+                const int64_t tl = fits ? std::min<int64_t>(8, len - t0) : len;
+                if (fits && t0 + 8 < len) {  // the next tile of this row, into L1
+                  prefetch_pixels(dyrow + (q + t0 + 8) * C, std::min<int64_t>(8, len - t0 - 8),
+                                  C, c0, c1, 3);
+                  for (int64_t a = 0; a < tr.n; ++a)
+                    prefetch_pixels(tr.x[a] + (cs[0] + 8 * g.sW) * C, 8 * g.sW + nc, C, c0, c1,
+                                    3);
                 }
-              }
-              if (nr + 1 < R && fits) {  // the next output row, into L2
-                const scalar_t* nd = dyrow + (g.Wo + q + t0) * C;
-                prefetch_range_l2(nd, nd + tl * C);
-                for (int64_t a = 0; a < tr.n; ++a) {
-                  const scalar_t* nx = tr.x[a] + g.sH * g.W * C + cs[0] * C;
-                  const scalar_t* ne = nx + (tl * g.sW + nc) * C;
-                  if (ne <= x_end) prefetch_range_l2(nx, ne);
+                if (nr + 1 < R && fits) {  // the next output row (from memory), into L2
+                  prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
+                  for (int64_t a = 0; a < tr.n; ++a) {
+                    const scalar_t* nx = tr.x[a] + g.sH * g.W * C + cs[0] * C;
+                    if (nx + (tl * g.sW + nc) * C <= x_end)
+                      prefetch_pixels(nx, tl * g.sW + nc, C, c0, c1, 1);
+                  }
                 }
+                filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0,
+                                    tl, g.sW, C, c0, c1);
+                if (!fits) break;
               }
-              filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
-                                  g.sW, C);
-              if (!fits) break;
+              q += len;
             }
-            q += len;
           }
         }
       }
