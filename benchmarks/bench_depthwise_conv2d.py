@@ -38,49 +38,41 @@ def tensors(shape, seed=0):
     return x, f, dy
 
 
-def tf_times(tf, shape):
-    N, H, W, C, k, s = shape
-    x, f, dy = (tf.constant(t.numpy()) for t in tensors(shape))
-    st = [1, s, s, 1]
-    isz, fsz = tf.constant([N, H, W, C], tf.int32), tf.constant([k, k, C, 1], tf.int32)
-    fwd = common.median_ms(lambda: tf.raw_ops.DepthwiseConv2dNative(
-        input=x, filter=f, strides=st, padding="SAME").numpy())
-    bi = common.median_ms(lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
-        input_sizes=isz, filter=f, out_backprop=dy, strides=st, padding="SAME").numpy())
-    bf = common.median_ms(lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-        input=x, filter_sizes=fsz, out_backprop=dy, strides=st, padding="SAME").numpy())
-    return fwd, bi, bf
-
-
-def torch_times(shape):
-    """PyTorch's depthwise convolution (groups=C) on channels_last views of the same memory.
-    TF's SAME padding is symmetric for these shapes except the stride-2 one, where PyTorch pads
-    one more on the top/left (same amount of work, same output size)."""
-    N, H, W, C, k, s = shape
-    x, f, dy = tensors(shape)
-    xc, dyc = x.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)
-    w = f.permute(2, 3, 0, 1).contiguous(memory_format=torch.channels_last)  # [C,1,k,k]
-    p = (k - 1) // 2 if s == 1 else k // 2
-    conv = torch.ops.aten.convolution
-    fwd = common.median_ms(lambda: conv(xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C))
-    assert conv(xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C).shape == dyc.shape
-    cb = torch.ops.aten.convolution_backward
-    args = (dyc, xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C)
-    bi = common.median_ms(lambda: cb(*args, [True, False, False]))
-    bf = common.median_ms(lambda: cb(*args, [False, True, False]))
-    return fwd, bi, bf
-
-
-def ours_times(T, shape):
+def peer_fns(shape, T=None, tf=None):
+    """{(peer, op): callable} for one shape: ours (if T), PyTorch, TensorFlow (if tf)."""
     N, H, W, C, k, s = shape
     x, f, dy = tensors(shape)
     st = [1, s, s, 1]
-    fwd = common.median_ms(lambda: T.depthwise_conv2d_native(x, f, st, "SAME"))
-    bi = common.median_ms(lambda: T.depthwise_conv2d_native_backprop_input(
-        [N, H, W, C], f, dy, st, "SAME"))
-    bf = common.median_ms(lambda: T.depthwise_conv2d_native_backprop_filter(
-        x, [k, k, C, 1], dy, st, "SAME"))
-    return fwd, bi, bf
+    fns = {}
+    if T is not None:
+        fns[("ours", "forward")] = lambda: T.depthwise_conv2d_native(x, f, st, "SAME")
+        fns[("ours", "backprop_input")] = lambda: T.depthwise_conv2d_native_backprop_input(
+            [N, H, W, C], f, dy, st, "SAME")
+        fns[("ours", "backprop_filter")] = lambda: T.depthwise_conv2d_native_backprop_filter(
+            x, [k, k, C, 1], dy, st, "SAME")
+        # PyTorch's depthwise convolution (groups=C) on channels_last views of the same memory.
+        # TF's SAME padding is symmetric for these shapes except the stride-2 one, where
+        # PyTorch pads one more on the top/left (same work, same output size).
+        xc, dyc = x.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)
+        w = f.permute(2, 3, 0, 1).contiguous(memory_format=torch.channels_last)  # [C,1,k,k]
+        p = (k - 1) // 2 if s == 1 else k // 2
+        conv, cb = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
+        assert conv(xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C).shape == dyc.shape
+        args = (dyc, xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C)
+        fns[("torch", "forward")] = lambda: conv(xc, w, None, [s, s], [p, p], [1, 1], False,
+                                                 [0, 0], C)
+        fns[("torch", "backprop_input")] = lambda: cb(*args, [True, False, False])
+        fns[("torch", "backprop_filter")] = lambda: cb(*args, [False, True, False])
+    if tf is not None:
+        tx, tfl, tdy = (tf.constant(t.numpy()) for t in (x, f, dy))
+        isz, fsz = tf.constant([N, H, W, C], tf.int32), tf.constant([k, k, C, 1], tf.int32)
+        fns[("tf", "forward")] = lambda: tf.raw_ops.DepthwiseConv2dNative(
+            input=tx, filter=tfl, strides=st, padding="SAME").numpy()
+        fns[("tf", "backprop_input")] = lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+            input_sizes=isz, filter=tfl, out_backprop=tdy, strides=st, padding="SAME").numpy()
+        fns[("tf", "backprop_filter")] = lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=tx, filter_sizes=fsz, out_backprop=tdy, strides=st, padding="SAME").numpy()
+    return fns
 
 
 def main():
@@ -88,7 +80,11 @@ def main():
         import json
         common.setup_threads()
         tf = common.import_tf()
-        print(json.dumps({str(s): tf_times(tf, s) for s in SHAPES}))
+        out = {}
+        for shape in SHAPES:
+            t = common.interleaved_ms(peer_fns(shape, tf=tf))
+            out[str(shape)] = [t[("tf", op)] for op in OPS]
+        print(json.dumps(out))
         return
     import torch_tfgrads as T
     common.setup_threads()
@@ -97,26 +93,24 @@ def main():
     if tf is not None:
         eigen = common.run_child(__file__, ["--tf-only"], {"TF_ENABLE_ONEDNN_OPTS": "0"})
     print(f"DepthwiseConv2dNative, float32 NHWC, SAME, multiplier 1, {common.THREADS} threads, "
-          f"torch {torch.__version__}, TF {tf.__version__ if tf else 'absent'}; ms (median)")
+          f"torch {torch.__version__}, TF {tf.__version__ if tf else 'absent'}; ms (median of "
+          "interleaved rounds)")
     rows = []
-    nan3 = (float("nan"),) * 3
+    nan = float("nan")
     for shape in SHAPES:
         N, H, W, C, k, s = shape
-        ours = ours_times(T, shape)
-        pt = torch_times(shape)
-        tfd = tf_times(tf, shape) if tf is not None else nan3
-        tfe = eigen.get(str(shape), nan3)
+        t = common.interleaved_ms(peer_fns(shape, T=T, tf=tf))
+        tfe = eigen.get(str(shape), [nan] * 3)
         bw = common.copy_bandwidth_gbs(N * H * W * C)
         Ho = -(-H // s)
         nx, ny, nf = N * H * W * C * 4, N * Ho * Ho * C * 4, k * k * C * 4
-        traffic = {"forward": nx + nf + ny, "backprop_input": ny + nf + nx,
-                   "backprop_filter": nx + ny + nf}
         for i, op in enumerate(OPS):
-            best = min(v for v in (tfd[i], tfe[i], pt[i]) if v == v)
-            gbs = traffic[op] / (ours[i] * 1e-3) / 1e9
-            rows.append([",".join(map(str, shape)), op, common.fmt_ms(ours[i]),
-                         common.fmt_ms(tfd[i]), common.fmt_ms(tfe[i]), common.fmt_ms(pt[i]),
-                         f"{ours[i] / best:.2f}", f"{gbs:.1f}", f"{100 * gbs / bw:.0f}%"])
+            ours, pt, tfd = t[("ours", op)], t[("torch", op)], t.get(("tf", op), nan)
+            best = min(v for v in (tfd, tfe[i], pt) if v == v)
+            gbs = (nx + ny + nf) / (ours * 1e-3) / 1e9  # each tensor read or written once
+            rows.append([",".join(map(str, shape)), op, common.fmt_ms(ours), common.fmt_ms(tfd),
+                         common.fmt_ms(tfe[i]), common.fmt_ms(pt), f"{ours / best:.2f}",
+                         f"{gbs:.1f}", f"{100 * gbs / bw:.0f}%"])
     common.print_table(["N,H,W,C,k,s", "op", "ours", "TF default", "TF Eigen", "torch",
                         "ours/best", "ours GB/s", "% copy"], rows)
     print("Target: ours/best <= 1.00 (best = fastest of TF default (oneDNN), TF Eigen, torch); "

@@ -33,7 +33,10 @@ def import_tf():
 
 
 def median_ms(fn, min_time=0.25, min_runs=5, warmup=2):
-    """Median wall time of fn() in milliseconds."""
+    """Median wall time of fn() in milliseconds. Starts with a short idle pause: TensorFlow's
+    (and OpenMP's) worker threads spin for a while after their last op, and on a 2-core machine
+    they would slow down whatever is timed next."""
+    time.sleep(0.2)
     for _ in range(warmup):
         fn()
     times = []
@@ -43,6 +46,26 @@ def median_ms(fn, min_time=0.25, min_runs=5, warmup=2):
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def interleaved_ms(fns, rounds=7, per_round=0.08):
+    """{name: ms} for several callables timed in alternating rounds (each round: a short idle
+    pause, one warm-up call, then calls for `per_round` seconds; its median), reported as the
+    median over rounds. Interleaving spreads the machine's slow phases over every peer, so the
+    ratios taken in one run are comparable on a noisy machine."""
+    per = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            time.sleep(0.05)
+            fn()
+            times = []
+            start = time.perf_counter()
+            while len(times) < 3 or time.perf_counter() - start < per_round:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            per[name].append(statistics.median(times))
+    return {name: statistics.median(v) * 1e3 for name, v in per.items()}
 
 
 def copy_bandwidth_gbs(numel, dtype=torch.float32):

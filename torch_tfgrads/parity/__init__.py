@@ -29,8 +29,10 @@ class Row:
         return self.worst_rel_err <= self.tolerance
 
 
-def median_time_us(fn, repeats=7):
-    fn()
+def median_time_us(fn, repeats=7, warmup=3):
+    time.sleep(0.2)  # let the other library's worker threads stop spinning (2-core machines)
+    for _ in range(warmup):  # thread pool start-up, first-touch page faults
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
