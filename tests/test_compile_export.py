@@ -186,3 +186,17 @@ def test_export_depthwise():
     assert targets.count(torch.ops.tfgrads.depthwise_conv2d_native.default) == 2
     x2 = torch.randn(5, 9, 9, 4)
     torch.testing.assert_close(ep.module()(x2), model(x2))
+
+
+def test_compile_depthwise_bad_stride_is_a_clean_error():
+    """TF's graph mode dies of SIGFPE on BackpropInput with strides [1,0,0,1] (spec C2 #7); a
+    compiled call must fail with the op's message instead (the fake checks before dividing)."""
+    torch._dynamo.reset()
+
+    def f(w, dy):
+        return T.depthwise_conv2d_native_backprop_input([1, 4, 4, 3], w, dy, [1, 0, 0, 1],
+                                                        "VALID")
+
+    with pytest.raises(Exception, match="Stride must be > 0, but got 0"):
+        torch.compile(f, fullgraph=True, dynamic=True)(torch.ones(2, 2, 3, 2),
+                                                        torch.ones(1, 3, 3, 6))
