@@ -28,8 +28,9 @@ class _FractionalPool2d(torch.nn.Module):
             # instance; the module is our instance, and torch's generator the source.
             seed, seed2 = (int(v) for v in torch.randint(1, 2**62, (2,)))
         self.seed, self.seed2 = seed, seed2
-        self.row_pooling_sequence = None
-        self.col_pooling_sequence = None
+        # Non-persistent buffers: they follow .to(device) and torch.export records their update.
+        self.register_buffer("row_pooling_sequence", None, persistent=False)
+        self.register_buffer("col_pooling_sequence", None, persistent=False)
 
     def extra_repr(self):
         return (f"pooling_ratio={self.pooling_ratio}, pseudo_random={self.pseudo_random}, "
