@@ -354,7 +354,9 @@ struct MaxGradPass {
   int64_t sN, sH, sW, H, W, C, OH, OW;
   const GradPlan& g;
 
-  template <int K>
+  // kShared: cells may share boundary elements (overlapping), so each element is assigned by
+  // its first cell and accumulated by the next; disjoint cells just store.
+  template <int K, bool kShared>
   bool cell_vectors(int64_t b, int64_t i, int64_t j, int64_t d) const {
     const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
     const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j], cw = c1 - c0 + 1;
@@ -383,9 +385,9 @@ struct MaxGradPass {
     }
     const Vec zero(A(0));
     for (int64_t h = r0; h <= r1; ++h) {
-      const bool first_row = g.rows.first[h] == i;
+      const bool first_row = !kShared || g.rows.first[h] == i;
       for (int64_t w = c0; w <= c1; ++w) {
-        const bool assign = first_row && g.cols.first[w] == j;
+        const bool assign = !kShared || (first_row && g.cols.first[w] == j);
         const Vec here(static_cast<A>((h - r0) * cw + (w - c0)));
         scalar_t* o = dx + ((b * H + h) * W + w) * C + d;
         for (int k = 0; k < K; ++k) {
@@ -435,14 +437,16 @@ struct MaxGradPass {
   }
 
   // Cells rows [i0, i1) x all columns of image b, channels [d0, d1).
+  template <bool kShared>
   bool run(int64_t b, int64_t i0, int64_t i1, int64_t d0, int64_t d1) const {
     bool ok = true;
     for (int64_t i = i0; i < i1; ++i) {
       for (int64_t j = 0; j < OW; ++j) {
         int64_t d = d0;
         if constexpr (!std::is_integral_v<scalar_t>) {
-          for (; d + 4 * L <= d1; d += 4 * L) ok &= cell_vectors<4>(b, i, j, d);
-          for (; d + L <= d1; d += L) ok &= cell_vectors<1>(b, i, j, d);
+          for (; d + 4 * L <= d1; d += 4 * L) ok &= cell_vectors<4, kShared>(b, i, j, d);
+          for (; d + 2 * L <= d1; d += 2 * L) ok &= cell_vectors<2, kShared>(b, i, j, d);
+          for (; d + L <= d1; d += L) ok &= cell_vectors<1, kShared>(b, i, j, d);
         }
         if (d < d1) ok &= cell_scalars(b, i, j, d, d1);
       }
@@ -472,7 +476,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   if (!overlapping) {  // cells are disjoint: any cell row is its own task
     at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        if (!pass.run(t / OH, t % OH, t % OH + 1, 0, C)) same = false;
+        if (!pass.template run<false>(t / OH, t % OH, t % OH + 1, 0, C)) same = false;
     });
   } else {  // boundaries are shared between cell rows: one task per image and channel block
     constexpr int64_t kBlock = 64;
@@ -480,7 +484,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
-        if (!pass.run(t / blocks, 0, OH, d0, d1)) same = false;
+        if (!pass.template run<true>(t / blocks, 0, OH, d0, d1)) same = false;
       }
     });
   }
