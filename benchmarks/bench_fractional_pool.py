@@ -20,36 +20,35 @@ SHAPES = [(16, 64, 64, 32), (8, 112, 112, 16)]
 RATIOS = [1.44, 1.73]
 
 
-def tf_times(tf, kind, x, out, dy, rows, cols, ratio, overlapping):
+def tf_fns(tf, kind, x, out, dy, rows, cols, ratio, overlapping):
     tx, ty, tdy = tf.constant(x.numpy()), tf.constant(out.numpy()), tf.constant(dy.numpy())
     tr, tc = tf.constant(rows.numpy()), tf.constant(cols.numpy())
     pr = [1.0, ratio, ratio, 1.0]
     op = tf.raw_ops.FractionalAvgPool if kind == "avg" else tf.raw_ops.FractionalMaxPool
-    fwd = common.median_ms(lambda: op(value=tx, pooling_ratio=pr, overlapping=overlapping,
-                                      deterministic=True, seed=1, seed2=2)[0].numpy())
+    fwd = lambda: op(value=tx, pooling_ratio=pr, overlapping=overlapping,  # noqa: E731
+                     deterministic=True, seed=1, seed2=2)[0].numpy()
     if kind == "avg":
         shape = tf.constant(list(x.shape), tf.int64)
-        grad = common.median_ms(lambda: tf.raw_ops.FractionalAvgPoolGrad(
+        grad = lambda: tf.raw_ops.FractionalAvgPoolGrad(  # noqa: E731
             orig_input_tensor_shape=shape, out_backprop=tdy, row_pooling_sequence=tr,
-            col_pooling_sequence=tc, overlapping=overlapping).numpy())
+            col_pooling_sequence=tc, overlapping=overlapping).numpy()
     else:
-        grad = common.median_ms(lambda: tf.raw_ops.FractionalMaxPoolGrad(
+        grad = lambda: tf.raw_ops.FractionalMaxPoolGrad(  # noqa: E731
             orig_input=tx, orig_output=ty, out_backprop=tdy, row_pooling_sequence=tr,
-            col_pooling_sequence=tc, overlapping=overlapping).numpy())
-    return fwd, grad
+            col_pooling_sequence=tc, overlapping=overlapping).numpy()
+    return {("TF", "forward"): fwd, ("TF", "grad"): grad}
 
 
-def torch_max_times(x, out_hw):
+def torch_max_fns(x, out_hw):
     xc = x.permute(0, 3, 1, 2)  # channels_last NCHW view of the same memory
     samples = torch.rand(x.shape[0], x.shape[3], 2)
     y, idx = F.fractional_max_pool2d(xc, 2, output_size=out_hw, return_indices=True,
                                      _random_samples=samples)
     gy = torch.randn_like(y)
-    fwd = common.median_ms(lambda: F.fractional_max_pool2d(
-        xc, 2, output_size=out_hw, return_indices=True, _random_samples=samples))
-    grad = common.median_ms(lambda: torch.ops.aten.fractional_max_pool2d_backward(
-        gy, xc, [2, 2], list(out_hw), idx))
-    return fwd, grad
+    return {("torch", "forward"): lambda: F.fractional_max_pool2d(
+                xc, 2, output_size=out_hw, return_indices=True, _random_samples=samples),
+            ("torch", "grad"): lambda: torch.ops.aten.fractional_max_pool2d_backward(
+                gy, xc, [2, 2], list(out_hw), idx)}
 
 
 def main():
@@ -57,7 +56,7 @@ def main():
     common.setup_threads()
     tf = common.import_tf()
     print(f"FractionalPool, float32 NHWC, {common.THREADS} threads, torch {torch.__version__}, "
-          f"TF {tf.__version__ if tf else 'absent'}; times in ms (median)")
+          f"TF {tf.__version__ if tf else 'absent'}; ms (median of interleaved rounds)")
     rows_out = []
     for shape in SHAPES:
         x = torch.randn(shape)
@@ -69,17 +68,21 @@ def main():
                     fwd = T.fractional_avg_pool if kind == "avg" else T.fractional_max_pool
                     out, rows, cols = fwd(x, pr, False, overlapping, True, 1, 2)
                     dy = torch.randn(out.shape)
-                    ours_f = common.median_ms(lambda: fwd(x, pr, False, overlapping, True, 1, 2))
+                    fns = {("ours", "forward"): lambda: fwd(x, pr, False, overlapping, True, 1, 2)}
                     if kind == "avg":
-                        ours_g = common.median_ms(lambda: T.fractional_avg_pool_grad(
-                            x.shape, dy, rows, cols, overlapping))
+                        fns[("ours", "grad")] = lambda: T.fractional_avg_pool_grad(
+                            x.shape, dy, rows, cols, overlapping)
                     else:
-                        ours_g = common.median_ms(lambda: T.fractional_max_pool_grad(
-                            x, out, dy, rows, cols, overlapping))
-                    tf_f, tf_g = (tf_times(tf, kind, x, out, dy, rows, cols, ratio, overlapping)
-                                  if tf is not None else (float("nan"),) * 2)
-                    pt_f, pt_g = (torch_max_times(x, out.shape[1:3]) if kind == "max"
-                                  else (float("nan"),) * 2)
+                        fns[("ours", "grad")] = lambda: T.fractional_max_pool_grad(
+                            x, out, dy, rows, cols, overlapping)
+                        fns.update(torch_max_fns(x, out.shape[1:3]))
+                    if tf is not None:
+                        fns.update(tf_fns(tf, kind, x, out, dy, rows, cols, ratio, overlapping))
+                    t = common.interleaved_ms(fns, rounds=5)
+                    nan = float("nan")
+                    ours_f, ours_g = t[("ours", "forward")], t[("ours", "grad")]
+                    tf_f, tf_g = t.get(("TF", "forward"), nan), t.get(("TF", "grad"), nan)
+                    pt_f, pt_g = t.get(("torch", "forward"), nan), t.get(("torch", "grad"), nan)
                     nx, ny = x.numel() * 4, out.numel() * 4
                     traffic = {"forward": nx + ny,
                                "grad": (ny + nx) if kind == "avg" else (2 * ny + 2 * nx)}

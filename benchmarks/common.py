@@ -48,7 +48,7 @@ def median_ms(fn, min_time=0.25, min_runs=5, warmup=2):
     return statistics.median(times) * 1e3
 
 
-def interleaved_ms(fns, rounds=7, per_round=0.08):
+def interleaved_ms(fns, rounds=7, per_round=0.08, pause=0.2):
     """{name: ms} for several callables timed in alternating rounds (each round: a short idle
     pause, one warm-up call, then calls for `per_round` seconds; its median), reported as the
     median over rounds. Interleaving spreads the machine's slow phases over every peer, so the
@@ -56,7 +56,7 @@ def interleaved_ms(fns, rounds=7, per_round=0.08):
     per = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            time.sleep(0.05)
+            time.sleep(pause)
             fn()
             times = []
             start = time.perf_counter()
