@@ -307,3 +307,33 @@ def test_device_matches_cpu_bit_for_bit(device, dtype):
         assert torch.equal(g.cpu(), T.fractional_avg_pool_grad(x.shape, dy, rr, rc, ov))
         g = T.fractional_max_pool_grad(x.to(device), out, dy.to(device), rows, cols, ov)
         assert torch.equal(g.cpu(), T.fractional_max_pool_grad(x, ref, dy, rr, rc, ov))
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("C", [8, 16, 40])
+def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C):
+    """The vectorised max gradient (channel blocks) against the per-channel scalar path (C=1,
+    checked against TF above) on data full of ties, NaN and infinities."""
+    g = torch.Generator().manual_seed(C)
+    x = torch.randint(-3, 4, (2, 11, 13, C), generator=g).float()
+    _, rows, cols = T.fractional_max_pool(x, [1, 1.6, 1.4, 1], False, overlapping, True, 5, 6)
+    # NaN and -inf anywhere but the first element of a cell: TF's grad takes a cell's first
+    # element unconditionally, so a NaN there (or a cell of -inf only, whose forward maximum is
+    # lowest()) fails TF's orig_output check; later NaNs are skipped by TF's `best < v`.
+    starts = torch.zeros(13, dtype=torch.bool)
+    starts[cols[:-1]] = True
+    special = torch.rand(x.shape, generator=g)
+    free = ~starts.view(1, 1, 13, 1)
+    x[(special < 0.08) & free] = float("nan")
+    x[(special >= 0.08) & (special < 0.16) & free] = float("-inf")
+    x[(special >= 0.16) & (special < 0.18)] = float("inf")
+    out = T.fractional_max_pool(x, [1, 1.6, 1.4, 1], False, overlapping, True, 5, 6)[0]
+    dy = torch.randn(out.shape, generator=g)
+    dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
+    for c in range(C):
+        xc = x[..., c:c + 1].contiguous()
+        yc = T.fractional_max_pool(xc, [1, 1.6, 1.4, 1], False, overlapping, True, 5, 6)[0]
+        assert torch.equal(yc, out[..., c:c + 1])
+        dxc = T.fractional_max_pool_grad(xc, yc, dy[..., c:c + 1].contiguous(), rows, cols,
+                                         overlapping)
+        assert torch.equal(dxc, dx[..., c:c + 1]), c
