@@ -467,6 +467,41 @@ inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const 
   }
 }
 
+// 3x3 interior: the three tap rows of an 8-column tile at once (9 accumulators of one channel
+// vector), so each out_backprop vector is loaded once for all nine taps.
+template <typename scalar_t, int S>
+inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* dyrow,
+                                 const int64_t* ck, int64_t s0, int64_t q, int64_t C, int64_t c,
+                                 acc_t<scalar_t>* const* parts) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int T = 8;
+  Vec acc[3][3];
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b) acc[a][b] = Vec(A(0));
+  const scalar_t* dp = dyrow + q * C + c;
+  const scalar_t* x0 = xrows[0] + s0 * C + c;
+  const scalar_t* x1 = xrows[1] + s0 * C + c;
+  const scalar_t* x2 = xrows[2] + s0 * C + c;
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    const Vec d = Wd::load(dp + t * C);
+#pragma GCC unroll 3
+    for (int b = 0; b < 3; ++b) {
+      const int64_t o = (t * S + b) * C;
+      acc[0][b] = at::vec::fmadd(Wd::load(x0 + o), d, acc[0][b]);
+      acc[1][b] = at::vec::fmadd(Wd::load(x1 + o), d, acc[1][b]);
+      acc[2][b] = at::vec::fmadd(Wd::load(x2 + o), d, acc[2][b]);
+    }
+  }
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b) {
+      A* pp = parts[a] + ck[b] * C + c;
+      (Vec::loadu(pp) + acc[a][b]).store(pp);
+    }
+}
+
 // Any number of column taps, one channel at a time (edges of unusual filters, channel tails).
 template <typename scalar_t>
 inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
@@ -503,6 +538,16 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   bool consecutive = len == 8 && sW <= 2;
   for (int b = 1; consecutive && b < NC; ++b) consecutive = cs[b] == cs[0] + b;
   int64_t c = c0;
+  if constexpr (NC == 3) {
+    if (consecutive && rows.n == 3) {
+      for (; c + L <= c1; c += L) {
+        if (sW == 1)
+          filter_grad_tile_3x3<scalar_t, 1>(rows.x, dyrow, ck, cs[0], q, C, c, rows.part);
+        else
+          filter_grad_tile_3x3<scalar_t, 2>(rows.x, dyrow, ck, cs[0], q, C, c, rows.part);
+      }
+    }
+  }
   if (consecutive) {
     for (; c + K * L <= c1; c += K * L)
       for (int64_t a = 0; a < rows.n; ++a) {
