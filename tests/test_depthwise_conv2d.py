@@ -54,8 +54,9 @@ def make_case(N=2, H=9, W=8, C=5, M=1, k=(3, 3), s=(1, 1), d=(1, 1), padding="SA
                                    ((2, 4), (3, 1), (1, 3))])
 @pytest.mark.parametrize("C,M", [(32, 1), (19, 1), (8, 3)])
 def test_fast_paths_match_reference(fmt, k, s, d, C, M):
-    for padding in ("SAME", "VALID"):
-        case = make_case(N=2, H=23, W=29, C=C, M=M, k=k, s=s, d=d, padding=padding, fmt=fmt,
+    # 29 columns: runs of 8-column tiles; 14 columns: 8 + 4 (and overlapping 4-tiles).
+    for padding, (H, W) in (("SAME", (23, 29)), ("VALID", (23, 29)), ("SAME", (14, 14))):
+        case = make_case(N=2, H=H, W=W, C=C, M=M, k=k, s=s, d=d, padding=padding, fmt=fmt,
                          dtype=torch.float32, seed=C + M)
         errs = check_case(case, use_tf=False)
         assert max(errs.values()) <= 1e-5, (padding, errs)

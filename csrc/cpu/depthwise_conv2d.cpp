@@ -467,16 +467,15 @@ inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const 
   }
 }
 
-// 3x3 interior: the three tap rows of an 8-column tile at once (9 accumulators of one channel
+// 3x3 interior: the three tap rows of an 8- or 4-column tile at once (9 accumulators of one channel
 // vector), so each out_backprop vector is loaded once for all nine taps.
-template <typename scalar_t, int S>
+template <typename scalar_t, int S, int T>
 inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* dyrow,
                                  const int64_t* ck, int64_t s0, int64_t q, int64_t C, int64_t c,
                                  acc_t<scalar_t>* const* parts) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
   using Wd = Widen<scalar_t, A>;
-  constexpr int T = 8;
   Vec acc[3][3];
   for (int a = 0; a < 3; ++a)
     for (int b = 0; b < 3; ++b) acc[a][b] = Vec(A(0));
@@ -535,20 +534,25 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
                          int64_t c0, int64_t c1) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   constexpr int K = NC <= 3 ? 2 : 1;
-  bool consecutive = len == 8 && sW <= 2;
+  bool consecutive = (len == 8 || len == 4) && sW <= 2;
   for (int b = 1; consecutive && b < NC; ++b) consecutive = cs[b] == cs[0] + b;
   int64_t c = c0;
   if constexpr (NC == 3) {
     if (consecutive && rows.n == 3) {
       for (; c + L <= c1; c += L) {
-        if (sW == 1)
-          filter_grad_tile_3x3<scalar_t, 1>(rows.x, dyrow, ck, cs[0], q, C, c, rows.part);
+        const auto* xr = rows.x;
+        if (sW == 1 && len == 8)
+          filter_grad_tile_3x3<scalar_t, 1, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+        else if (sW == 1)
+          filter_grad_tile_3x3<scalar_t, 1, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+        else if (len == 8)
+          filter_grad_tile_3x3<scalar_t, 2, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
         else
-          filter_grad_tile_3x3<scalar_t, 2>(rows.x, dyrow, ck, cs[0], q, C, c, rows.part);
+          filter_grad_tile_3x3<scalar_t, 2, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
       }
     }
   }
-  if (consecutive) {
+  if (consecutive && len == 8) {
     for (; c + K * L <= c1; c += K * L)
       for (int64_t a = 0; a < rows.n; ++a) {
         if (sW == 1)
@@ -623,20 +627,21 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
             const int64_t c1 = std::min(C, c0 + kChannelChunk);
             for (int64_t q = 0; q < g.Wo;) {
               const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
-              // Tiles of 8 columns of a run share q's taps, shifted by sW per column.
-              for (int64_t t0 = 0; t0 < len; t0 += 8) {
+              // Tiles of 8 (then 4) columns of a run share q's taps, shifted by sW per column.
+              for (int64_t t0 = 0, tl = 0; t0 < len; t0 += tl) {
                 int64_t cs[16];
                 const int64_t* src = cols.src.data() + o;
                 const bool fits = nc <= 16;
                 if (fits)
                   for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
-                const int64_t tl = fits ? std::min<int64_t>(8, len - t0) : len;
-                if (fits && t0 + 8 < len) {  // the next tile of this row, into L1
-                  prefetch_pixels(dyrow + (q + t0 + 8) * C, std::min<int64_t>(8, len - t0 - 8),
-                                  C, c0, c1, 3);
+                const int64_t rest = len - t0;
+                tl = !fits ? len : rest >= 8 ? 8 : rest >= 4 ? 4 : rest;
+                if (fits && t0 + tl < len) {  // the next tile of this row, into L1
+                  const int64_t nl = std::min<int64_t>(8, len - t0 - tl);
+                  prefetch_pixels(dyrow + (q + t0 + tl) * C, nl, C, c0, c1, 3);
                   for (int64_t a = 0; a < tr.n; ++a)
-                    prefetch_pixels(tr.x[a] + (cs[0] + 8 * g.sW) * C, 8 * g.sW + nc, C, c0, c1,
-                                    3);
+                    prefetch_pixels(tr.x[a] + (cs[0] + tl * g.sW) * C, nl * g.sW + nc, C, c0,
+                                    c1, 3);
                 }
                 if (nr + 1 < R && fits) {  // the next output row (from memory), into L2
                   prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
