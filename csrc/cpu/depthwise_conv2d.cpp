@@ -376,9 +376,12 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
             // The end of a run shorter than a tile is done as a tile that starts earlier in
             // the same run (recomputing a few pixels) rather than pixel by pixel.
             const int64_t back4 = q - (4 - run[q]) * p.qstep;
-            if (run[q] >= 10 && p.cols->count(q) == 5 &&
+            if (run[q] >= 12 && p.cols->count(q) == 3 &&
+                try_slide<scalar_t, 12>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
+              q += 12 * p.qstep;  // 3 taps: 12 accumulators hide the FMA latency better
+            } else if (run[q] >= 10 && p.cols->count(q) == 5 &&
                 try_slide<scalar_t, 10>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 10 * p.qstep;  // 5 taps: 10 accumulators hide the FMA latency better
+              q += 10 * p.qstep;  // 5 taps: 10 accumulators
             } else if (run[q] >= 8 &&
                 try_slide<scalar_t, 8>(p, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
               q += 8 * p.qstep;
