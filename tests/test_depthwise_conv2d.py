@@ -72,6 +72,18 @@ def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
     assert max(errs.values()) <= 1e-5, errs
 
 
+@pytest.mark.parametrize("C,dtype", [(256, torch.float32), (512, torch.float16)])
+@pytest.mark.parametrize("s", [1, 2])
+def test_channel_widths_that_alias_in_l1_use_narrow_tiles(C, dtype, s):
+    """Pixels a multiple of 1 KiB apart take the 4-column tile path."""
+    case = make_case(N=2, H=14, W=15, C=C, k=(3, 3), s=(s, s), fmt="NHWC", dtype=dtype, seed=s)
+    exact = reference(Case(case.x.double(), case.f.double(), case.dy.double(), case.strides,
+                           case.dilations, case.padding, case.explicit, case.data_format))
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    for got, want in zip(ours(case), exact):
+        assert rel_err(got, want) <= tol
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
 def test_half_types_accumulate_in_float(dtype, fmt):
