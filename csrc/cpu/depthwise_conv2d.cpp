@@ -88,11 +88,6 @@ inline void stream_copy(void* dst, const void* src, int64_t bytes) { std::memcpy
 inline void stream_fence() {}
 #endif
 
-template <typename T>
-inline void prefetch_range(const T* begin, const T* end) {
-  const char* e = reinterpret_cast<const char*>(end);
-  for (const char* p = reinterpret_cast<const char*>(begin); p < e; p += 64) __builtin_prefetch(p);
-}
 // Channels [c0, c1) of n consecutive pixels of C channels; locality 3: into L1, 1: into L2.
 template <typename T>
 inline void prefetch_pixels(const T* first, int64_t n, int64_t C, int64_t c0, int64_t c1,
@@ -107,13 +102,6 @@ inline void prefetch_pixels(const T* first, int64_t n, int64_t C, int64_t c0, in
         __builtin_prefetch(p, 0, 1);
     }
   }
-}
-// Into L2 only: for data needed a whole row of work later (too far ahead for L1).
-template <typename T>
-inline void prefetch_range_l2(const T* begin, const T* end) {
-  const char* e = reinterpret_cast<const char*>(end);
-  for (const char* p = reinterpret_cast<const char*>(begin); p < e; p += 64)
-    __builtin_prefetch(p, 0, 1);
 }
 
 // run[q]: how many destination columns q, q+qstep, ... have taps that are copies of q's taps
@@ -212,8 +200,7 @@ void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, cons
   for (int64_t r = next.lo; r < next.hi; ++r)  // as in slide_pixels
     for (int64_t b = 0; b < nc; ++b)
       for (int t = 0; t < T; ++t) {
-        const scalar_t* px = simg + (r * p.Ws + cs[b] + t * p.sstep) * p.C;
-        prefetch_range_l2(px + c0, px + c1);
+        prefetch_pixels(simg + (r * p.Ws + cs[b] + t * p.sstep) * p.C, 1, p.C, c0, c1, 1);
       }
   scalar_t* out = drow + q * p.C;
   int64_t c = c0;
@@ -733,6 +720,11 @@ inline void store_partial(scalar_t* p, const Vectorized<A>& v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(tmp[i]);
 }
 
+// Parallel grain of the per-plane kernels: about 16K multiply-adds per task.
+int64_t plane_grain(const Geometry& g) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * g.fh * g.fw));
+}
+
 template <typename scalar_t>
 void forward_channels_first(const scalar_t* x, const scalar_t* f, scalar_t* out,
                             const Geometry& g) {
@@ -742,8 +734,7 @@ void forward_channels_first(const scalar_t* x, const scalar_t* f, scalar_t* out,
   constexpr int64_t L = Vec::size();
   const PhasePlane pp = phase_plane<A>(g);
   const int64_t taps = g.fh * g.fw, CM = g.C * g.M;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * taps));
-  at::parallel_for(0, g.N * g.C, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, g.N * g.C, plane_grain(g), [&](int64_t begin, int64_t end) {
     std::vector<A> buf(pp.size());
     std::vector<int64_t> off(taps);
     std::vector<Vec> fv(taps);
@@ -781,9 +772,8 @@ void backprop_input_channels_first(const scalar_t* f, const scalar_t* dy, scalar
   using Wd = Widen<scalar_t, A>;
   constexpr int64_t L = Vec::size();
   const PhasePlane pp = phase_plane<A>(g);
-  const int64_t taps = g.fh * g.fw, CM = g.C * g.M;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * taps));
-  at::parallel_for(0, g.N * g.C, grain, [&](int64_t begin, int64_t end) {
+  const int64_t CM = g.C * g.M;
+  at::parallel_for(0, g.N * g.C, plane_grain(g), [&](int64_t begin, int64_t end) {
     std::vector<A> buf(pp.size());
     for (int64_t nc = begin; nc < end; ++nc) {
       const int64_t n = nc / g.C, c = nc % g.C;
@@ -831,8 +821,7 @@ void filter_grad_channels_first(const scalar_t* x, const scalar_t* dy, scalar_t*
   const int64_t taps = g.fh * g.fw, CM = g.C * g.M;
   // part[n][c*M+m][tap], one writer per (n, c): summed over n in order afterwards.
   std::vector<A> part(static_cast<size_t>(g.N * CM * taps), A(0));
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.Ho * g.Wo * taps));
-  at::parallel_for(0, g.N * g.C, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, g.N * g.C, plane_grain(g), [&](int64_t begin, int64_t end) {
     std::vector<A> buf(pp.size());
     for (int64_t nc = begin; nc < end; ++nc) {
       const int64_t n = nc / g.C, c = nc % g.C;
