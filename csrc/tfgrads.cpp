@@ -95,4 +95,43 @@ TORCH_LIBRARY(tfgrads, m) {
       "depthwise_conv2d_native_backprop_filter(Tensor input, SymInt[] filter_sizes, "
       "Tensor out_backprop, int[] strides, str padding, int[] explicit_paddings=[], "
       "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
+
+  // ---- CudnnRNN family ----------------------------------------------------------------------
+  // tf.raw_ops.CudnnRNNCanonicalToParamsV2 / CudnnRNNParamsToCanonicalV2 (the size attrs are
+  // ints here, TF's are host int32 tensors). Opaque layout per pseudo-layer: gate input
+  // matrices, gate recurrent matrices, input biases, recurrent biases, projection.
+  // (CudnnRNNParamsSize needs no tensor: torch_tfgrads.cudnn_rnn_params_size.)
+  m.def(
+      "cudnn_rnn_canonical_to_params_v2(int num_layers, int num_units, int input_size, "
+      "Tensor[] weights, Tensor[] biases, str rnn_mode=\"lstm\", "
+      "str input_mode=\"linear_input\", str direction=\"unidirectional\", int num_proj=0) -> "
+      "Tensor");
+  m.def(
+      "cudnn_rnn_params_to_canonical_v2(int num_layers, int num_units, int input_size, "
+      "Tensor params, int num_params_weights, int num_params_biases, str rnn_mode=\"lstm\", "
+      "str input_mode=\"linear_input\", str direction=\"unidirectional\", int num_proj=0) -> "
+      "(Tensor[] weights, Tensor[] biases)");
+  // tf.raw_ops.CudnnRNNV3 on any device. reserve_space (training) holds our saved activations
+  // and dropout masks, 1-D in input's dtype; in inference it is a zero scalar, as are
+  // host_reserved (int8) and output_c for non-LSTM modes. Dropout masks come from torch's CPU
+  // generator (seeded by seed/seed2 when either is nonzero): hence the seeded tag.
+  m.def(
+      "cudnn_rnn_v3(Tensor input, Tensor input_h, Tensor input_c, Tensor params, "
+      "Tensor sequence_lengths, str rnn_mode=\"lstm\", str input_mode=\"linear_input\", "
+      "str direction=\"unidirectional\", float dropout=0.0, int seed=0, int seed2=0, "
+      "int num_proj=0, bool is_training=True, bool time_major=True) -> (Tensor output, "
+      "Tensor output_h, Tensor output_c, Tensor reserve_space, Tensor host_reserved)",
+      {at::Tag::nondeterministic_seeded});
+  // tf.raw_ops.CudnnRNNBackpropV3: gradients of <output_backprop, output> + <output_h_backprop,
+  // output_h> + <output_c_backprop, output_c>; params_backprop in the opaque layout. Needs the
+  // forward's training reserve_space (its size is checked); host_reserved is ignored, as in TF.
+  m.def(
+      "cudnn_rnn_backprop_v3(Tensor input, Tensor input_h, Tensor input_c, Tensor params, "
+      "Tensor sequence_lengths, Tensor output, Tensor output_h, Tensor output_c, "
+      "Tensor output_backprop, Tensor output_h_backprop, Tensor output_c_backprop, "
+      "Tensor reserve_space, Tensor host_reserved, str rnn_mode=\"lstm\", "
+      "str input_mode=\"linear_input\", str direction=\"unidirectional\", float dropout=0.0, "
+      "int seed=0, int seed2=0, int num_proj=0, bool time_major=True) -> "
+      "(Tensor input_backprop, Tensor input_h_backprop, Tensor input_c_backprop, "
+      "Tensor params_backprop)");
 }

@@ -1,0 +1,239 @@
+// CudnnRNN configuration, checks and the opaque params layout (see cudnn_rnn.h).
+#include "cudnn_rnn.h"
+
+#include <ATen/Functions.h>
+#include <c10/util/Exception.h>
+
+#include "checks.h"
+
+namespace torch_tfgrads {
+namespace cudnn_rnn {
+
+Mode parse_mode(const char* op, c10::string_view rnn_mode) {
+  if (rnn_mode == "lstm") return Mode::kLstm;
+  if (rnn_mode == "gru") return Mode::kGru;
+  if (rnn_mode == "rnn_tanh") return Mode::kRnnTanh;
+  if (rnn_mode == "rnn_relu") return Mode::kRnnRelu;
+  TORCH_CHECK_VALUE(false, op, ": argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, "
+                    "gru, got '", rnn_mode, "'");
+}
+
+int64_t gates_of(Mode mode) {
+  switch (mode) {
+    case Mode::kLstm: return 4;
+    case Mode::kGru: return 3;
+    default: return 1;
+  }
+}
+
+int64_t parse_dirs(const char* op, c10::string_view direction) {
+  if (direction == "unidirectional") return 1;
+  if (direction == "bidirectional") return 2;
+  TORCH_CHECK_VALUE(false, op, ": argument 'direction' must be unidirectional or bidirectional, "
+                    "got '", direction, "'");
+}
+
+bool parse_skip_input(const char* op, c10::string_view input_mode, int64_t input_size,
+                      int64_t num_units) {
+  if (input_mode == "linear_input") return false;
+  const bool auto_select = input_mode == "auto_select";
+  TORCH_CHECK_VALUE(auto_select || input_mode == "skip_input", op,
+                    ": argument 'input_mode' must be linear_input, skip_input or auto_select, "
+                    "got '", input_mode, "'");
+  // TF's ToRNNInputMode: auto_select is skip_input exactly when the sizes allow it.
+  if (auto_select) return input_size == num_units;
+  TORCH_CHECK_VALUE(input_size == num_units, op, ": input_mode skip_input adds the input to "
+                    "every gate, so input_size (", input_size, ") must equal num_units (",
+                    num_units, ")");
+  return true;
+}
+
+static void check_sizes(const char* op, const Config& cfg) {
+  TORCH_CHECK_VALUE(cfg.L >= 1, op, ": num_layers must be >= 1, got ", cfg.L);
+  TORCH_CHECK_VALUE(cfg.U >= 1, op, ": num_units must be >= 1, got ", cfg.U);
+  TORCH_CHECK_VALUE(cfg.I >= 1, op, ": input_size must be >= 1, got ", cfg.I);
+  TORCH_CHECK_VALUE(cfg.P >= 0, op, ": argument 'num_proj' must be >= 0, got ", cfg.P);
+  TORCH_CHECK_VALUE(cfg.P == 0 || cfg.lstm(), op, ": argument 'num_proj' (", cfg.P,
+                    ") is only supported with rnn_mode lstm");
+  TORCH_CHECK_VALUE(cfg.P <= cfg.U, op, ": argument 'num_proj' (", cfg.P,
+                    ") must not exceed num_units (", cfg.U, ")");
+}
+
+Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units,
+                         int64_t input_size, c10::string_view rnn_mode,
+                         c10::string_view input_mode, c10::string_view direction,
+                         int64_t num_proj) {
+  Config cfg;
+  cfg.mode = parse_mode(op, rnn_mode);
+  cfg.G = gates_of(cfg.mode);
+  cfg.D = parse_dirs(op, direction);
+  cfg.L = num_layers;
+  cfg.U = num_units;
+  cfg.I = input_size;
+  cfg.P = num_proj;
+  check_sizes(op, cfg);
+  cfg.Hh = cfg.P > 0 ? cfg.P : cfg.U;
+  cfg.skip_input = parse_skip_input(op, input_mode, cfg.I, cfg.U);
+  return cfg;
+}
+
+int64_t params_size(const Config& cfg) {
+  int64_t n = 0;
+  for (int64_t layer = 0; layer < cfg.L; ++layer) {
+    const int64_t in_w = cfg.has_input_weights(layer) ? cfg.GU() * cfg.in_width(layer) : 0;
+    n += cfg.D * (in_w + cfg.GU() * cfg.Hh + 2 * cfg.GU() + cfg.P * cfg.U);
+  }
+  return n;
+}
+
+std::vector<LayerParams> layer_params(const Config& cfg, const at::Tensor& flat) {
+  std::vector<LayerParams> out;
+  int64_t off = 0;
+  auto take = [&](std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    at::Tensor t = flat.narrow(0, off, n).view(shape);
+    off += n;
+    return t;
+  };
+  for (int64_t layer = 0; layer < cfg.L; ++layer) {
+    for (int64_t d = 0; d < cfg.D; ++d) {
+      LayerParams lp;
+      if (cfg.has_input_weights(layer)) lp.W = take({cfg.GU(), cfg.in_width(layer)});
+      lp.R = take({cfg.GU(), cfg.Hh});
+      lp.bW = take({cfg.GU()});
+      lp.bR = take({cfg.GU()});
+      if (cfg.P > 0) lp.Wp = take({cfg.P, cfg.U});
+      out.push_back(std::move(lp));
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> canonical_weight_shapes(const Config& cfg) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t layer = 0; layer < cfg.L; ++layer) {
+    for (int64_t d = 0; d < cfg.D; ++d) {
+      if (cfg.has_input_weights(layer))
+        for (int64_t g = 0; g < cfg.G; ++g) shapes.push_back({cfg.U, cfg.in_width(layer)});
+      for (int64_t g = 0; g < cfg.G; ++g) shapes.push_back({cfg.U, cfg.Hh});
+      if (cfg.P > 0) shapes.push_back({cfg.P, cfg.U});
+    }
+  }
+  return shapes;
+}
+
+std::vector<std::vector<int64_t>> canonical_bias_shapes(const Config& cfg) {
+  return std::vector<std::vector<int64_t>>(cfg.L * cfg.D * 2 * cfg.G, {cfg.U});
+}
+
+int64_t reserve_elements(const Config& cfg, bool with_dropout) {
+  const int64_t TB = cfg.T * cfg.B;
+  const int64_t per_pseudo = TB * (cfg.act_width() + (cfg.lstm() ? cfg.U : 0) + cfg.Hh);
+  const int64_t per_layer_below_top = TB * cfg.D * cfg.Hh * (with_dropout ? 2 : 1);
+  return cfg.L * cfg.D * per_pseudo + (cfg.L - 1) * per_layer_below_top;
+}
+
+static void check_float(const char* op, const at::Tensor& t, const char* name) {
+  const auto st = t.scalar_type();
+  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
+                        st == at::kBFloat16,
+                    op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
+                    "tensor, got ", c10::toString(st));
+}
+
+static void check_like(const char* op, const at::Tensor& input, const at::Tensor& t,
+                       const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
+                    "' must have the dtype of input (", c10::toString(input.scalar_type()),
+                    "), got ", c10::toString(t.scalar_type()));
+  check_same_device(input, t, op, "input", name);
+}
+
+static void check_lengths(const char* op, const Config& cfg, const at::Tensor& lengths) {
+  TORCH_CHECK_VALUE(lengths.scalar_type() == at::kInt || lengths.scalar_type() == at::kLong, op,
+                    ": argument 'sequence_lengths' must be an int32 tensor, got ",
+                    c10::toString(lengths.scalar_type()));
+  TORCH_CHECK_VALUE(lengths.dim() == 1 && lengths.size(0) == cfg.B, op,
+                    ": argument 'sequence_lengths' must have shape [batch_size] = [", cfg.B,
+                    "], got ", tf_shape(lengths.sizes()));
+  if (cfg.B == 0) return;
+  // cuDNN rejects lengths outside [1, max_time] (TF forwards them unchecked, spec B6).
+  const at::Tensor host = lengths.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* v = host.data_ptr<int64_t>();
+  for (int64_t b = 0; b < cfg.B; ++b) {
+    TORCH_CHECK_VALUE(v[b] >= 1 && v[b] <= cfg.T, op, ": argument 'sequence_lengths': "
+                      "sequence_lengths[", b, "] = ", v[b], " is not in [1, max_time] = [1, ",
+                      cfg.T, "]");
+  }
+}
+
+Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& input_h,
+                     const at::Tensor& input_c, const at::Tensor& params,
+                     const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
+                     c10::string_view input_mode, c10::string_view direction, double dropout,
+                     int64_t num_proj, bool time_major) {
+  Config cfg;
+  cfg.mode = parse_mode(op, rnn_mode);
+  cfg.G = gates_of(cfg.mode);
+  cfg.D = parse_dirs(op, direction);
+  cfg.time_major = time_major;
+  // TF's ExtractForwardInput, in its order and with its messages.
+  TORCH_CHECK_VALUE(input.dim() == 3, op, ": argument 'input': RNN input must be a 3-D vector.");
+  TORCH_CHECK_VALUE(input_h.dim() == 3, op,
+                    ": argument 'input_h': RNN input_h must be a 3-D vector.");
+  cfg.T = input.size(time_major ? 0 : 1);
+  cfg.B = input.size(time_major ? 1 : 0);
+  cfg.I = input.size(2);
+  cfg.L = input_h.size(time_major ? 0 : 1) / cfg.D;
+  cfg.Hh = input_h.size(2);
+  const int64_t LD = cfg.L * cfg.D;
+  const std::vector<int64_t> hidden = time_major ? std::vector<int64_t>{LD, cfg.B, cfg.Hh}
+                                                 : std::vector<int64_t>{cfg.B, LD, cfg.Hh};
+  TORCH_CHECK_VALUE(input_h.sizes() == c10::IntArrayRef(hidden), op,
+                    ": argument 'input_h': Invalid input_h shape: ", tf_shape(input_h.sizes()),
+                    " ", tf_shape(hidden));
+  cfg.P = num_proj;
+  cfg.U = cfg.Hh;
+  if (cfg.lstm()) {
+    // TF's shape function checks this rank; its eager kernel does not (it would read dim 2
+    // of a lower-rank tensor).
+    TORCH_CHECK_VALUE(input_c.dim() == 3, op,
+                      ": argument 'input_c': RNN input_c must be a 3-D vector.");
+    if (num_proj == 0) {
+      TORCH_CHECK_VALUE(input_h.sizes() == input_c.sizes(), op,
+                        ": argument 'input_c': input_h and input_c must have the same shape "
+                        "w/o projection: ", tf_shape(input_h.sizes()), " ",
+                        tf_shape(input_c.sizes()));
+    } else {
+      TORCH_CHECK_VALUE(input_h.size(2) <= input_c.size(2) && num_proj == input_h.size(2) &&
+                            input_h.size(0) == input_c.size(0) &&
+                            input_h.size(1) == input_c.size(1),
+                        op, ": argument 'input_c': Invalid input_h and input_c w/ projection "
+                        "size: ", num_proj, " ", tf_shape(input_h.sizes()), " ",
+                        tf_shape(input_c.sizes()));
+    }
+    cfg.U = input_c.size(2);
+  }
+  check_sizes(op, cfg);
+  cfg.skip_input = parse_skip_input(op, input_mode, cfg.I, cfg.U);
+  TORCH_CHECK_VALUE(dropout >= 0.0 && dropout < 1.0, op,
+                    ": argument 'dropout' must be in [0, 1), got ", dropout);
+
+  check_float(op, input, "input");
+  check_like(op, input, input_h, "input_h");
+  if (cfg.lstm()) check_like(op, input, input_c, "input_c");
+  check_like(op, input, params, "params");
+  // TF never compares params with the configuration: a short buffer is an out-of-bounds read
+  // on the GPU (spec B11).
+  TORCH_CHECK_VALUE(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
+                    tf_shape(params.sizes()));
+  const int64_t expected = params_size(cfg);
+  TORCH_CHECK_VALUE(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
+                    " elements but cudnn_rnn_params_size of this configuration is ", expected);
+  check_lengths(op, cfg, sequence_lengths);
+  return cfg;
+}
+
+}  // namespace cudnn_rnn
+}  // namespace torch_tfgrads

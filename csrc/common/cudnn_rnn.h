@@ -1,0 +1,145 @@
+// The CudnnRNN family (../shared/spec/depthwise_cudnn_rnn.md Part B): configuration, argument
+// checks, the opaque params layout and the device-independent driver of the forward and
+// backward passes. The driver does the GEMMs with ATen (MKL/oneDNN on CPU, cuBLAS on CUDA) and
+// calls a per-device fused cell kernel once per time step (csrc/cpu/cudnn_rnn.cpp,
+// csrc/cuda/cudnn_rnn.cu).
+//
+// Internals are time-major: a batch-major input is transposed once on entry and the output
+// once on exit (the recurrence reads one [B, *] slab per step, which must be contiguous for
+// the step GEMM). Half types run in float32 (TF does the same for bfloat16); their reserve
+// space holds float32 values reinterpreted as the input dtype.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+namespace torch_tfgrads {
+namespace cudnn_rnn {
+
+enum class Mode { kRnnRelu, kRnnTanh, kLstm, kGru };
+
+// Everything fixed by the attrs and the shapes. Notation of the spec: L layers, D directions,
+// T steps, B batch, I input size, U units, P projection (0: none), Hh = P ? P : U.
+struct Config {
+  Mode mode = Mode::kLstm;
+  int64_t G = 4;  // gates per cell
+  bool skip_input = false;  // resolved: auto_select is skip_input when I == U
+  int64_t L = 1, D = 1, T = 0, B = 0, I = 0, U = 0, P = 0, Hh = 0;
+  bool time_major = true;
+
+  int64_t GU() const { return G * U; }
+  // Width of layer `layer`'s input: I for layer 0, D*Hh above it.
+  int64_t in_width(int64_t layer) const { return layer == 0 ? I : D * Hh; }
+  bool has_input_weights(int64_t layer) const { return !(skip_input && layer == 0); }
+  // Saved activations per step and batch row: LSTM i,f,g,o; GRU r,z,n and R_h h + bR_h (the
+  // reset gate's operand); plain RNN the new h.
+  int64_t act_width() const { return mode == Mode::kLstm || mode == Mode::kGru ? 4 * U : U; }
+  bool lstm() const { return mode == Mode::kLstm; }
+};
+
+Mode parse_mode(const char* op, c10::string_view rnn_mode);
+int64_t gates_of(Mode mode);
+int64_t parse_dirs(const char* op, c10::string_view direction);
+// Returns true for skip_input (auto_select resolved with input_size == num_units).
+bool parse_skip_input(const char* op, c10::string_view input_mode, int64_t input_size,
+                      int64_t num_units);
+
+// Config from the size attrs of the params-conversion ops (num_layers, num_units, input_size).
+Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units,
+                         int64_t input_size, c10::string_view rnn_mode,
+                         c10::string_view input_mode, c10::string_view direction,
+                         int64_t num_proj);
+
+// CudnnRNNParamsSize: number of elements of the opaque buffer.
+int64_t params_size(const Config& cfg);
+
+// Views into a flat opaque params buffer (or its gradient), for pseudo-layer p = layer*D + dir:
+// W = [W_0; ..; W_{G-1}] as [G*U, in] (undefined for skip_input's layer 0), R as [G*U, Hh],
+// bW and bR as [G*U], Wp as [P, U] (undefined without projection). Layout (API.md): per
+// pseudo-layer the gate input matrices, the gate recurrent matrices, the input biases, the
+// recurrent biases, then the projection.
+struct LayerParams {
+  at::Tensor W, R, bW, bR, Wp;
+};
+std::vector<LayerParams> layer_params(const Config& cfg, const at::Tensor& flat);
+
+// Canonical shapes in TF's ParamsToCanonical order (weights, biases).
+std::vector<std::vector<int64_t>> canonical_weight_shapes(const Config& cfg);
+std::vector<std::vector<int64_t>> canonical_bias_shapes(const Config& cfg);
+
+// Reserve space, in elements of the compute dtype: per pseudo-layer the saved activations
+// [T,B,act_width], the cell states [T,B,U] (LSTM) and hidden states [T,B,Hh] after every
+// step (in processing order: the reverse direction's step s is time len-1-s); per layer below
+// the top its output as fed to the next layer [T,B,D*Hh] and, with dropout, the dropout
+// scale mask [T,B,D*Hh].
+int64_t reserve_elements(const Config& cfg, bool with_dropout);
+
+// Forward-op checks (spec B11, TF's messages, plus the checks TF lacks) -> the config.
+Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& input_h,
+                     const at::Tensor& input_c, const at::Tensor& params,
+                     const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
+                     c10::string_view input_mode, c10::string_view direction, double dropout,
+                     int64_t num_proj, bool time_major);
+
+// ---- Per-device cell kernels ---------------------------------------------------------------
+// One time step of one pseudo-layer for all B rows, in the compute dtype, all [B, *] row-major.
+// Row b is active when `lens` is undefined or step < lens[b]; inactive rows keep their state.
+struct CellForward {
+  at::Tensor gx;      // [B, GU]: W x_t + bW (skip_input: x_t + bW)
+  at::Tensor gh;      // [B, GU]: R h + bR
+  at::Tensor h_prev;  // [B, Hh]
+  at::Tensor c_prev;  // [B, U] (LSTM)
+  at::Tensor lens;    // [B] int32 on the device, or undefined: every row active
+  int64_t step = 0;
+  at::Tensor acts;    // [B, act_width] or undefined (inference)
+  at::Tensor c_out;   // [B, U] (LSTM), inactive rows: c_prev
+  // [B, U]: the new h (inactive rows: h_prev); with projection o*tanh(c') for every row.
+  at::Tensor h_out;
+  bool projected = false;
+};
+// Gradients of one step given the gradient w.r.t. the cell's new h (with projection: w.r.t.
+// o*tanh(c')) and w.r.t. its new c. Inactive rows: zero gate gradients, dc and dh pass through.
+struct CellBackward {
+  at::Tensor acts, c_cur, c_prev, h_prev;  // saved state of this step (c: LSTM, h_prev: GRU)
+  at::Tensor lens;
+  int64_t step = 0;
+  at::Tensor dh;       // [B, U or Hh]
+  at::Tensor dc;       // [B, U] (LSTM): gradient w.r.t. this step's c
+  at::Tensor dgx;      // out [B, GU]: d pre-activation, input path
+  at::Tensor dgh;      // out [B, GU]: d pre-activation, recurrent path (GRU; else == dgx)
+  at::Tensor dc_prev;  // out [B, U] (LSTM)
+  // out [B, Hh]: the part of dh_prev not through R (GRU: dh*z; inactive rows: dh); undefined
+  // with projection (the driver carries it in projected space).
+  at::Tensor dh_carry;
+};
+struct CellKernels {
+  void (*forward)(const Config&, const CellForward&);
+  void (*backward)(const Config&, const CellBackward&);
+};
+
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+ForwardResult forward(const at::Tensor& input, const at::Tensor& input_h,
+                      const at::Tensor& input_c, const at::Tensor& params,
+                      const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
+                      c10::string_view input_mode, c10::string_view direction, double dropout,
+                      int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
+                      bool time_major, const CellKernels& cells);
+
+using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+BackwardResult backward(const at::Tensor& input, const at::Tensor& input_h,
+                        const at::Tensor& input_c, const at::Tensor& params,
+                        const at::Tensor& sequence_lengths, const at::Tensor& output,
+                        const at::Tensor& output_h, const at::Tensor& output_c,
+                        const at::Tensor& output_backprop, const at::Tensor& output_h_backprop,
+                        const at::Tensor& output_c_backprop, const at::Tensor& reserve_space,
+                        const at::Tensor& host_reserved, c10::string_view rnn_mode,
+                        c10::string_view input_mode, c10::string_view direction, double dropout,
+                        int64_t seed, int64_t seed2, int64_t num_proj, bool time_major,
+                        const CellKernels& cells);
+
+}  // namespace cudnn_rnn
+}  // namespace torch_tfgrads

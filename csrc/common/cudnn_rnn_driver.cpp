@@ -1,0 +1,407 @@
+// The CudnnRNN forward and backward passes, device-independent (see cudnn_rnn.h): per layer
+// and direction one GEMM projects the inputs of every step, then each step does one GEMM for
+// the recurrent part and one fused cell kernel; the backward mirrors it and finishes each
+// layer with batched GEMMs for the weight gradients over all steps.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <c10/util/Exception.h>
+
+#include "checks.h"
+#include "cudnn_rnn.h"
+
+namespace torch_tfgrads {
+namespace cudnn_rnn {
+namespace {
+
+using at::Tensor;
+
+at::ScalarType compute_dtype(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
+// Sequence bookkeeping shared by the two passes. With variable lengths, `perm` maps
+// processing order to time order for the reverse direction (step s of row b is time
+// len_b-1-s, steps past the length stay in place; the map is its own inverse), and
+// `active`/`valid` ([T,B,1], compute dtype) mark s < len_b, which is the same predicate for
+// processing and time order.
+struct Steps {
+  const Config& cfg;
+  Tensor lens;    // [B] int32 on the device, undefined when every length is T
+  Tensor perm;    // [T*B] int64
+  Tensor active;  // [T,B,1] 0/1
+  Tensor inactive;
+
+  Steps(const Config& c, const Tensor& sequence_lengths, const at::TensorOptions& opts)
+      : cfg(c) {
+    if (cfg.B == 0) return;
+    const Tensor host = sequence_lengths.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* len = host.data_ptr<int64_t>();
+    bool full = true;
+    for (int64_t b = 0; b < cfg.B; ++b) full = full && len[b] == cfg.T;
+    if (full) return;
+    Tensor p = at::empty({cfg.T * cfg.B}, at::kLong);
+    int64_t* pp = p.data_ptr<int64_t>();
+    for (int64_t s = 0; s < cfg.T; ++s)
+      for (int64_t b = 0; b < cfg.B; ++b)
+        pp[s * cfg.B + b] = (s < len[b] ? len[b] - 1 - s : s) * cfg.B + b;
+    perm = p.to(opts.device());
+    lens = host.to(at::kInt).to(opts.device());
+    active = at::arange(cfg.T, host.options()).view({cfg.T, 1, 1})
+                 .lt(host.view({1, cfg.B, 1}))
+                 .to(opts);
+    inactive = 1 - active;
+  }
+
+  bool variable() const { return lens.defined(); }
+
+  // [T,B,X] in processing order of direction d <-> time order (an involution).
+  Tensor reorder(const Tensor& t, int64_t d) const {
+    if (d == 0) return t;
+    if (!perm.defined()) return t.flip(0);
+    return t.reshape({cfg.T * cfg.B, -1}).index_select(0, perm).view(t.sizes());
+  }
+
+  Tensor mask_valid(const Tensor& t) const { return variable() ? t * active : t; }
+};
+
+// Carves the reserve space (or, in inference, scratch buffers) in the order of
+// reserve_elements(): [pseudo-layers: acts, c, h] [layers below the top: y, dropout mask].
+struct Reserve {
+  const Config& cfg;
+  Tensor flat;  // compute dtype, undefined in inference
+  at::TensorOptions opts;
+  int64_t off = 0;
+
+  Tensor take(std::vector<int64_t> shape) {
+    if (!flat.defined()) return at::empty(shape, opts);
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    Tensor t = flat.narrow(0, off, n).view(shape);
+    off += n;
+    return t;
+  }
+  struct Pseudo {
+    Tensor acts, c, h;
+  };
+  Pseudo pseudo(bool keep_acts) {
+    Pseudo p;
+    if (keep_acts) p.acts = take({cfg.T, cfg.B, cfg.act_width()});
+    if (cfg.lstm()) p.c = take({cfg.T, cfg.B, cfg.U});
+    p.h = take({cfg.T, cfg.B, cfg.Hh});
+    return p;
+  }
+};
+
+// Dropout between layers: inverted dropout (scale 1/(1-p)) drawn on the CPU, so the mask is
+// the same on every device; a nonzero (seed, seed2) fixes it, (0, 0) draws from torch's
+// default generator. cuDNN's own stream cannot be reproduced (spec B4).
+Tensor dropout_mask(const Config& cfg, double dropout, at::Generator& gen,
+                    const at::TensorOptions& opts) {
+  Tensor keep = at::empty({cfg.T, cfg.B, cfg.D * cfg.Hh}, at::kDouble);
+  keep.bernoulli_(1.0 - dropout, gen);
+  return keep.div_(1.0 - dropout).to(opts);
+}
+
+at::Generator dropout_generator(int64_t seed, int64_t seed2) {
+  if (seed == 0 && seed2 == 0) return at::detail::getDefaultCPUGenerator();
+  const uint64_t s = (static_cast<uint64_t>(seed) << 32) | static_cast<uint32_t>(seed2);
+  return at::make_generator<at::CPUGeneratorImpl>(s);
+}
+
+// The input of every step, projected: W x + bW (skip_input: x + bW), [T, B, GU].
+Tensor project_inputs(const Config& cfg, const LayerParams& lp, const Tensor& x, int64_t layer) {
+  const int64_t TB = cfg.T * cfg.B;
+  if (!cfg.has_input_weights(layer))
+    return (x.view({TB, 1, cfg.U}) + lp.bW.view({1, cfg.G, cfg.U})).view({cfg.T, cfg.B, cfg.GU()});
+  return at::addmm(lp.bW, x.view({TB, cfg.in_width(layer)}), lp.W.t())
+      .view({cfg.T, cfg.B, cfg.GU()});
+}
+
+Tensor state_view(const Tensor& t, int64_t LD, int64_t B, int64_t width, at::ScalarType A) {
+  // TF hands the [B, L*D, H] batch-major state buffer to cuDNN as [L*D, B, H]: a reshape, not
+  // a transpose (spec B7). For time-major tensors this is the identity.
+  return t.to(A).contiguous().view({LD, B, width});
+}
+
+}  // namespace
+
+ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& input_c,
+                      const Tensor& params, const Tensor& sequence_lengths,
+                      c10::string_view rnn_mode, c10::string_view input_mode,
+                      c10::string_view direction, double dropout, int64_t seed, int64_t seed2,
+                      int64_t num_proj, bool is_training, bool time_major,
+                      const CellKernels& cells) {
+  const char* op = "cudnn_rnn_v3";
+  const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths,
+                                   rnn_mode, input_mode, direction, dropout, num_proj,
+                                   time_major);
+  const at::ScalarType A = compute_dtype(input.scalar_type());
+  const auto opts = input.options().dtype(A);
+  const int64_t T = cfg.T, B = cfg.B, LD = cfg.L * cfg.D, Hh = cfg.Hh, U = cfg.U;
+
+  Tensor x = (time_major ? input : input.transpose(0, 1)).to(A).contiguous();
+  const Tensor h0 = state_view(input_h, LD, B, Hh, A);
+  const Tensor c0 = cfg.lstm() ? state_view(input_c, LD, B, U, A) : Tensor();
+  const Tensor w = params.to(A).contiguous();
+  const auto lps = layer_params(cfg, w);
+  const Steps steps(cfg, sequence_lengths, opts);
+  const bool use_dropout = is_training && dropout > 0 && cfg.L > 1;
+  Reserve reserve{cfg, is_training ? at::empty({reserve_elements(cfg, use_dropout)}, opts)
+                                   : Tensor(), opts};
+  at::Generator gen;
+  if (use_dropout) gen = dropout_generator(seed, seed2);
+
+  Tensor out_h = at::empty({LD, B, Hh}, opts);
+  Tensor out_c = cfg.lstm() ? at::empty({LD, B, U}, opts) : Tensor();
+  Tensor y;
+  Tensor gh = at::empty({B, cfg.GU()}, opts);
+  Tensor m = cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
+  for (int64_t layer = 0; layer < cfg.L; ++layer) {
+    std::vector<Reserve::Pseudo> saved;
+    for (int64_t d = 0; d < cfg.D; ++d) saved.push_back(reserve.pseudo(is_training));
+    y = layer + 1 < cfg.L ? reserve.take({T, B, cfg.D * Hh}) : at::empty({T, B, cfg.D * Hh}, opts);
+    for (int64_t d = 0; d < cfg.D; ++d) {
+      const int64_t p = layer * cfg.D + d;
+      const LayerParams& lp = lps[p];
+      const Reserve::Pseudo& sv = saved[d];
+      const Tensor gx = steps.reorder(project_inputs(cfg, lp, x, layer), d).contiguous();
+      for (int64_t s = 0; s < T; ++s) {
+        const Tensor h_prev = s ? sv.h[s - 1] : h0[p];
+        at::addmm_out(gh, lp.bR, h_prev, lp.R.t());
+        CellForward a;
+        a.gx = gx[s];
+        a.gh = gh;
+        a.h_prev = h_prev;
+        if (cfg.lstm()) {
+          a.c_prev = s ? sv.c[s - 1] : c0[p];
+          a.c_out = sv.c[s];
+        }
+        a.lens = steps.lens;
+        a.step = s;
+        if (sv.acts.defined()) a.acts = sv.acts[s];
+        a.projected = cfg.P > 0;
+        a.h_out = a.projected ? m : sv.h[s];
+        cells.forward(cfg, a);
+        if (a.projected) {
+          Tensor h_s = sv.h[s];
+          if (steps.variable())
+            h_s.copy_(at::where(steps.active[s].to(at::kBool), at::mm(m, lp.Wp.t()), h_prev));
+          else
+            at::mm_out(h_s, m, lp.Wp.t());
+        }
+      }
+      if (T > 0) {
+        y.narrow(2, d * Hh, Hh).copy_(steps.reorder(steps.mask_valid(sv.h), d));
+        out_h[p].copy_(sv.h[T - 1]);
+        if (cfg.lstm()) out_c[p].copy_(sv.c[T - 1]);
+      } else {
+        out_h[p].copy_(h0[p]);
+        if (cfg.lstm()) out_c[p].copy_(c0[p]);
+      }
+    }
+    if (layer + 1 < cfg.L) {
+      x = y;
+      if (use_dropout) {
+        Tensor mask = reserve.take({T, B, cfg.D * Hh});
+        mask.copy_(dropout_mask(cfg, dropout, gen, opts));
+        x = y * mask;
+      }
+    }
+  }
+
+  const auto dtype = input.scalar_type();
+  Tensor output = (time_major ? y : y.transpose(0, 1)).to(dtype).contiguous();
+  Tensor output_h = out_h.to(dtype).view(input_h.sizes());
+  Tensor output_c = cfg.lstm() ? out_c.to(dtype).view(input_c.sizes())
+                               : at::zeros({}, input.options());
+  Tensor reserve_space = is_training ? (A == dtype ? reserve.flat : reserve.flat.view(dtype))
+                                     : at::zeros({}, input.options());
+  Tensor host_reserved = at::zeros({}, input.options().dtype(at::kChar));
+  return {output, output_h, output_c, reserve_space, host_reserved};
+}
+
+namespace {
+
+void check_shape(const char* op, const char* name, const Tensor& t,
+                 c10::IntArrayRef expected, const Tensor& input) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": argument '", name, "': Invalid ", name,
+                    " shape: ", tf_shape(t.sizes()), " ", tf_shape(expected));
+  TORCH_CHECK_VALUE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
+                    "' must have the dtype of input (", c10::toString(input.scalar_type()),
+                    "), got ", c10::toString(t.scalar_type()));
+  check_same_device(input, t, op, "input", name);
+}
+
+}  // namespace
+
+BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor& input_c,
+                        const Tensor& params, const Tensor& sequence_lengths,
+                        const Tensor& output, const Tensor& output_h, const Tensor& output_c,
+                        const Tensor& output_backprop, const Tensor& output_h_backprop,
+                        const Tensor& output_c_backprop, const Tensor& reserve_space,
+                        const Tensor& host_reserved, c10::string_view rnn_mode,
+                        c10::string_view input_mode, c10::string_view direction,
+                        double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
+                        bool time_major, const CellKernels& cells) {
+  (void)host_reserved;  // TF's BackpropV3 ignores it too.
+  (void)seed;
+  (void)seed2;  // the dropout mask is read back from reserve_space
+  const char* op = "cudnn_rnn_backprop_v3";
+  const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths,
+                                   rnn_mode, input_mode, direction, dropout, num_proj,
+                                   time_major);
+  const int64_t T = cfg.T, B = cfg.B, LD = cfg.L * cfg.D, Hh = cfg.Hh, U = cfg.U;
+  // TF's backprop checks (spec B10), in its order.
+  const std::vector<int64_t> out_shape = time_major ? std::vector<int64_t>{T, B, cfg.D * Hh}
+                                                    : std::vector<int64_t>{B, T, cfg.D * Hh};
+  check_shape(op, "output", output, out_shape, input);
+  check_shape(op, "output_h", output_h, input_h.sizes(), input);
+  if (cfg.lstm()) check_shape(op, "output_c", output_c, input_c.sizes(), input);
+  check_shape(op, "output_backprop", output_backprop, out_shape, input);
+  check_shape(op, "output_h_backprop", output_h_backprop, input_h.sizes(), input);
+  if (cfg.lstm()) check_shape(op, "output_c_backprop", output_c_backprop, input_c.sizes(), input);
+
+  const at::ScalarType dtype = input.scalar_type();
+  const at::ScalarType A = compute_dtype(dtype);
+  const auto opts = input.options().dtype(A);
+  const bool use_dropout = dropout > 0 && cfg.L > 1;
+  const int64_t reserve_numel =
+      reserve_elements(cfg, use_dropout) * static_cast<int64_t>(c10::elementSize(A) /
+                                                                c10::elementSize(dtype));
+  TORCH_CHECK_VALUE(reserve_space.dim() == 1 && reserve_space.numel() == reserve_numel, op,
+                    ": argument 'reserve_space' must be the reserve_space of a training-mode "
+                    "cudnn_rnn_v3 call with the same arguments (", reserve_numel,
+                    " elements), got shape ", tf_shape(reserve_space.sizes()),
+                    "; to use cudnn_rnn_v3 in gradients, is_training must be set to True");
+  check_same_device(input, reserve_space, op, "input", "reserve_space");
+  TORCH_CHECK_VALUE(reserve_space.scalar_type() == dtype, op, ": argument 'reserve_space' must "
+                    "have the dtype of input (", c10::toString(dtype), "), got ",
+                    c10::toString(reserve_space.scalar_type()));
+
+  const Tensor x = (time_major ? input : input.transpose(0, 1)).to(A).contiguous();
+  const Tensor h0 = state_view(input_h, LD, B, Hh, A);
+  const Tensor c0 = cfg.lstm() ? state_view(input_c, LD, B, U, A) : Tensor();
+  const Tensor w = params.to(A).contiguous();
+  const auto lps = layer_params(cfg, w);
+  Tensor dw = at::zeros_like(w);
+  const auto dlps = layer_params(cfg, dw);
+  const Steps steps(cfg, sequence_lengths, opts);
+  const Tensor flat = reserve_space.contiguous();
+  Reserve reserve{cfg, A == dtype ? flat : flat.view(A), opts};
+
+  // Carve the reserve space exactly as the forward did.
+  std::vector<Reserve::Pseudo> saved;
+  std::vector<Tensor> layer_out, layer_mask;
+  for (int64_t layer = 0; layer < cfg.L; ++layer) {
+    for (int64_t d = 0; d < cfg.D; ++d) saved.push_back(reserve.pseudo(true));
+    if (layer + 1 < cfg.L) {
+      layer_out.push_back(reserve.take({T, B, cfg.D * Hh}));
+      if (use_dropout) layer_mask.push_back(reserve.take({T, B, cfg.D * Hh}));
+    }
+  }
+
+  Tensor d_out = (time_major ? output_backprop : output_backprop.transpose(0, 1)).to(A);
+  const Tensor dh_n = state_view(output_h_backprop, LD, B, Hh, A);
+  const Tensor dc_n = cfg.lstm() ? state_view(output_c_backprop, LD, B, U, A) : Tensor();
+  Tensor dh0 = at::empty({LD, B, Hh}, opts);
+  Tensor dc0 = cfg.lstm() ? at::empty({LD, B, U}, opts) : Tensor();
+  Tensor dx;
+  Tensor dh = at::empty({B, Hh}, opts), dh_total = at::empty({B, Hh}, opts);
+  Tensor carry = at::empty({B, Hh}, opts);
+  Tensor dc = cfg.lstm() ? at::empty({B, U}, opts) : Tensor();
+  Tensor dc_prev = cfg.lstm() ? at::empty({B, U}, opts) : Tensor();
+  Tensor dm = cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
+  for (int64_t layer = cfg.L - 1; layer >= 0; --layer) {
+    const int64_t in_w = cfg.in_width(layer);
+    Tensor x_l = layer == 0 ? x
+                            : (use_dropout ? layer_out[layer - 1] * layer_mask[layer - 1]
+                                           : layer_out[layer - 1]);
+    Tensor d_in = at::zeros({T, B, in_w}, opts);
+    d_out = steps.mask_valid(d_out);  // output_backprop past each length is ignored
+    for (int64_t d = 0; d < cfg.D; ++d) {
+      const int64_t p = layer * cfg.D + d;
+      const LayerParams& lp = lps[p];
+      const LayerParams& g = dlps[p];
+      const Reserve::Pseudo& sv = saved[p];
+      const Tensor dy = steps.reorder(d_out.narrow(2, d * Hh, Hh), d).contiguous();
+      Tensor dgx = at::empty({T, B, cfg.GU()}, opts);
+      Tensor dgh = cfg.mode == Mode::kGru ? at::empty({T, B, cfg.GU()}, opts) : dgx;
+      Tensor dhp = cfg.P > 0 ? at::empty({T, B, Hh}, opts) : Tensor();
+      dh.copy_(dh_n[p]);
+      if (cfg.lstm()) dc.copy_(dc_n[p]);
+      for (int64_t s = T - 1; s >= 0; --s) {
+        at::add_out(dh_total, dh, dy[s]);
+        CellBackward b;
+        b.acts = sv.acts[s];
+        b.h_prev = s ? sv.h[s - 1] : h0[p];
+        if (cfg.lstm()) {
+          b.c_cur = sv.c[s];
+          b.c_prev = s ? sv.c[s - 1] : c0[p];
+          b.dc = dc;
+          b.dc_prev = dc_prev;
+        }
+        b.lens = steps.lens;
+        b.step = s;
+        b.dgx = dgx[s];
+        b.dgh = dgh[s];
+        if (cfg.P > 0) {
+          // Only active rows went through the projection; the others carried h unchanged.
+          Tensor dhp_s = dhp[s];
+          if (steps.variable()) {
+            at::mul_out(dhp_s, dh_total, steps.active[s]);
+            at::mul_out(carry, dh_total, steps.inactive[s]);
+          } else {
+            dhp_s.copy_(dh_total);
+          }
+          at::mm_out(dm, dhp_s, lp.Wp);
+          b.dh = dm;
+        } else {
+          b.dh = dh_total;
+          b.dh_carry = carry;
+        }
+        cells.backward(cfg, b);
+        if (cfg.P > 0 && !steps.variable())
+          at::mm_out(dh, dgh[s], lp.R);
+        else
+          at::addmm_out(dh, carry, dgh[s], lp.R);
+        if (cfg.lstm()) std::swap(dc, dc_prev);
+      }
+      dh0[p].copy_(dh);
+      if (cfg.lstm()) dc0[p].copy_(dc);
+      if (T == 0 || B == 0) continue;
+      // Weight gradients over all steps at once.
+      const int64_t TB = T * B;
+      const Tensor dgx_t = steps.reorder(dgx, d).reshape({TB, cfg.GU()});
+      if (cfg.has_input_weights(layer)) {
+        g.W.addmm_(dgx_t.t(), x_l.reshape({TB, in_w}));
+        d_in.view({TB, in_w}).addmm_(dgx_t, lp.W);
+      } else {
+        d_in.add_(dgx_t.view({T, B, cfg.G, U}).sum(2));
+      }
+      g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
+      g.R.addmm_(dgh[0].t(), h0[p]);
+      if (T > 1)
+        g.R.addmm_(dgh.narrow(0, 1, T - 1).reshape({(T - 1) * B, cfg.GU()}).t(),
+                   sv.h.narrow(0, 0, T - 1).reshape({(T - 1) * B, Hh}));
+      g.bR.copy_(dgh.view({TB, cfg.GU()}).sum(0));
+      if (cfg.P > 0) {
+        const Tensor m_all = sv.acts.narrow(2, 3 * U, U) * sv.c.tanh();
+        g.Wp.addmm_(dhp.view({TB, Hh}).t(), m_all.reshape({TB, U}));
+      }
+    }
+    if (layer > 0)
+      d_out = use_dropout ? d_in * layer_mask[layer - 1] : d_in;
+    else
+      dx = d_in;
+  }
+
+  Tensor input_backprop = (time_major ? dx : dx.transpose(0, 1)).to(dtype).contiguous();
+  Tensor input_h_backprop = dh0.to(dtype).view(input_h.sizes());
+  Tensor input_c_backprop = cfg.lstm() ? dc0.to(dtype).view(input_c.sizes())
+                                       : at::zeros({}, input.options());
+  return {input_backprop, input_h_backprop, input_c_backprop, dw.to(dtype)};
+}
+
+}  // namespace cudnn_rnn
+}  // namespace torch_tfgrads
