@@ -11,7 +11,8 @@ from . import _loader  # noqa: F401  (checks the build matches this CPU, then lo
 from . import _meta  # noqa: F401
 from . import _autograd  # noqa: F401
 from . import nn
-from .ops import (depthwise_conv2d_native, depthwise_conv2d_native_backprop_filter,
+from .ops import (cudnn_rnn_backprop_v3, cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_size,
+                  cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3, depthwise_conv2d_native, depthwise_conv2d_native_backprop_filter,
                   depthwise_conv2d_native_backprop_input, fractional_avg_pool, fractional_avg_pool_grad, fractional_max_pool,
                   fractional_max_pool_grad, fractional_pooling_sequence,
                   fused_batch_norm_grad_v3, fused_batch_norm_v3)
@@ -22,4 +23,5 @@ __all__ = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3", "fractional_avg_po
            "fractional_avg_pool_grad", "fractional_max_pool", "fractional_max_pool_grad",
            "fractional_pooling_sequence", "depthwise_conv2d_native",
            "depthwise_conv2d_native_backprop_input", "depthwise_conv2d_native_backprop_filter",
-           "nn"]
+           "cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params_v2",
+           "cudnn_rnn_params_to_canonical_v2", "cudnn_rnn_v3", "cudnn_rnn_backprop_v3", "nn"]

@@ -238,3 +238,86 @@ def _dw_bf_backward(ctx, g):
 
 torch.library.register_autograd("tfgrads::depthwise_conv2d_native_backprop_filter",
                                 _dw_bf_backward, setup_context=_dw_bf_setup_context)
+
+
+# ---- CudnnRNN family ----------------------------------------------------------------------------
+# TF's `_cudnn_rnn_backwardv3` (cudnn_rnn_grad.py): gradients for input, input_h, input_c and
+# params through CudnnRNNBackpropV3 with the forward's outputs and reserve space; none for
+# sequence_lengths; a ValueError when the forward ran with is_training=False. TF registers no
+# gradient for the backprop op, and neither do we.
+def _rnn_setup_context(ctx, inputs, output):
+    x, h, c, params, lengths, *attrs = inputs
+    out, out_h, out_c, reserve, host_reserved = output
+    ctx.mark_non_differentiable(reserve, host_reserved)
+    ctx.save_for_backward(x, h, c, params, lengths, out, out_h, out_c, reserve, host_reserved)
+    # attrs: rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, is_training,
+    # time_major
+    ctx.attrs = attrs
+
+
+def _rnn_backward(ctx, d_out, d_h, d_c, *_unused):
+    x, h, c, params, lengths, out, out_h, out_c, reserve, host_reserved = ctx.saved_tensors
+    (rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, is_training,
+     time_major) = ctx.attrs
+    if not is_training:
+        raise ValueError("To use CudnnRNNV3 in gradients, is_training must be set to True.")
+    d_out = torch.zeros_like(out) if d_out is None else d_out
+    d_h = torch.zeros_like(out_h) if d_h is None else d_h
+    d_c = torch.zeros_like(out_c) if d_c is None else d_c
+    dx, dh, dc, dp = torch.ops.tfgrads.cudnn_rnn_backprop_v3(
+        x, h, c, params, lengths, out, out_h, out_c, d_out, d_h, d_c, reserve, host_reserved,
+        rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major)
+    if rnn_mode != "lstm":
+        dc = None  # input_c is ignored outside LSTM
+    return (dx, dh, dc, dp) + (None,) * 11
+
+
+torch.library.register_autograd("tfgrads::cudnn_rnn_v3", _rnn_backward,
+                                setup_context=_rnn_setup_context)
+
+
+def _as_many_as_inputs(ctx, grads):
+    # Ops with Tensor[] inputs or outputs must return exactly one gradient per input the
+    # dispatcher passed, and it drops trailing arguments equal to their defaults;
+    # needs_input_grad has that structure.
+    return grads[:len(ctx.needs_input_grad)]
+
+
+# The params conversions are linear and each is the other's adjoint (they only move elements).
+def _c2p_setup_context(ctx, inputs, output):
+    num_layers, num_units, input_size, weights, biases, *attrs = inputs
+    ctx.sizes = (num_layers, num_units, input_size)
+    ctx.counts = (len(weights), len(biases))
+    ctx.attrs = attrs
+
+
+def _c2p_backward(ctx, g):
+    gw, gb = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2(
+        *ctx.sizes, g, *ctx.counts, *ctx.attrs)
+    grads = (None, None, None, list(gw), list(gb), None, None, None, None)
+    return _as_many_as_inputs(ctx, grads)
+
+
+torch.library.register_autograd("tfgrads::cudnn_rnn_canonical_to_params_v2", _c2p_backward,
+                                setup_context=_c2p_setup_context)
+
+
+def _p2c_setup_context(ctx, inputs, output):
+    num_layers, num_units, input_size, params, _nw, _nb, *attrs = inputs
+    ctx.sizes = (num_layers, num_units, input_size)
+    ctx.attrs = attrs
+    ctx.shapes = ([w.shape for w in output[0]], [b.shape for b in output[1]])
+    ctx.dtype, ctx.device = params.dtype, params.device
+
+
+def _p2c_backward(ctx, gw, gb):
+    def filled(grads, shapes):
+        return [torch.zeros(s, dtype=ctx.dtype, device=ctx.device) if g is None else g
+                for g, s in zip(grads, shapes)]
+    gw, gb = filled(gw, ctx.shapes[0]), filled(gb, ctx.shapes[1])
+    gp = torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2(*ctx.sizes, gw, gb, *ctx.attrs)
+    return _as_many_as_inputs(ctx, (None, None, None, gp) + (None,) * 6)
+
+
+torch.library.register_autograd("tfgrads::cudnn_rnn_params_to_canonical_v2", _p2c_backward,
+                                setup_context=_p2c_setup_context)

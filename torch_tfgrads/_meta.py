@@ -11,6 +11,7 @@ import struct
 import torch
 
 from ._layout import channel_layout_perm, empty_in_layout
+from ._rnn_config import GATES, RnnConfig, reserve_numel
 
 
 def as_float32(v):
@@ -497,3 +498,160 @@ def _depthwise_conv2d_native_backprop_filter_fake(input, filter_sizes, out_backp
     _dw_float(op, "input", input)
     _dw_same_dtype(op, input, "input", out_backprop, "out_backprop")
     return input.new_empty(list(filter_sizes))
+
+
+# ---- CudnnRNN family --------------------------------------------------------------------------
+_RNN_FWD = "cudnn_rnn_v3"
+_RNN_BWD = "cudnn_rnn_backprop_v3"
+_RNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def rnn_check_forward(op, input, input_h, input_c, params, sequence_lengths, rnn_mode,
+                      input_mode, direction, num_proj, time_major):
+    """The shape checks of csrc/common/cudnn_rnn.cpp (TF's ExtractForwardInput, then ours);
+    returns (config, T, B). The value checks of sequence_lengths need data: kernel only."""
+    torch._check_value(rnn_mode in GATES, lambda: (
+        f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
+        f"'{rnn_mode}'"))
+    D = 2 if direction == "bidirectional" else 1
+    torch._check_value(input.dim() == 3, lambda: (
+        f"{op}: argument 'input': RNN input must be a 3-D vector."))
+    torch._check_value(input_h.dim() == 3, lambda: (
+        f"{op}: argument 'input_h': RNN input_h must be a 3-D vector."))
+    T, B, I = (input.shape[0], input.shape[1], input.shape[2]) if time_major else (
+        input.shape[1], input.shape[0], input.shape[2])
+    L = input_h.shape[0 if time_major else 1] // D
+    Hh = input_h.shape[2]
+    hidden = [L * D, B, Hh] if time_major else [B, L * D, Hh]
+    torch._check_value(list(input_h.shape) == hidden, lambda: (
+        f"{op}: argument 'input_h': Invalid input_h shape: {_tf_shape(input_h.shape)} "
+        f"{_tf_shape(hidden)}"))
+    U = Hh
+    if rnn_mode == "lstm":
+        torch._check_value(input_c.dim() == 3, lambda: (
+            f"{op}: argument 'input_c': RNN input_c must be a 3-D vector."))
+        if num_proj == 0:
+            torch._check_value(input_h.shape == input_c.shape, lambda: (
+                f"{op}: argument 'input_c': input_h and input_c must have the same shape w/o "
+                f"projection: {_tf_shape(input_h.shape)} {_tf_shape(input_c.shape)}"))
+        else:
+            torch._check_value(
+                Hh <= input_c.shape[2] and num_proj == Hh
+                and input_h.shape[:2] == input_c.shape[:2], lambda: (
+                    f"{op}: argument 'input_c': Invalid input_h and input_c w/ projection size: "
+                    f"{num_proj} {_tf_shape(input_h.shape)} {_tf_shape(input_c.shape)}"))
+        U = input_c.shape[2]
+    cfg = RnnConfig(op, rnn_mode, input_mode, direction, L, U, I, num_proj)
+    torch._check_value(input.dtype in _RNN_DTYPES, lambda: (
+        f"{op}: argument 'input' must be a float16, bfloat16, float32 or float64 tensor, got "
+        f"{input.dtype}"))
+    for name, t in (("input_h", input_h), ("input_c", input_c), ("params", params)):
+        if name == "input_c" and rnn_mode != "lstm":
+            continue
+        torch._check_value(t.dtype == input.dtype, lambda: (
+            f"{op}: argument '{name}' must have the dtype of input ({input.dtype}), got "
+            f"{t.dtype}"))
+    torch._check_value(params.dim() == 1, lambda: (
+        f"{op}: argument 'params' must be 1-D, got shape {_tf_shape(params.shape)}"))
+    expected = cfg.params_size()
+    torch._check_value(params.shape[0] == expected, lambda: (
+        f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
+        f"this configuration is {expected}"))
+    torch._check_value(sequence_lengths.dim() == 1 and sequence_lengths.shape[0] == B, lambda: (
+        f"{op}: argument 'sequence_lengths' must have shape [batch_size] = [{B}], got "
+        f"{_tf_shape(sequence_lengths.shape)}"))
+    return cfg, T, B
+
+
+@torch.library.register_fake("tfgrads::cudnn_rnn_v3")
+def _cudnn_rnn_v3_fake(input, input_h, input_c, params, sequence_lengths, rnn_mode="lstm",
+                       input_mode="linear_input", direction="unidirectional", dropout=0.0,
+                       seed=0, seed2=0, num_proj=0, is_training=True, time_major=True):
+    cfg, T, B = rnn_check_forward(_RNN_FWD, input, input_h, input_c, params, sequence_lengths,
+                                  rnn_mode, input_mode, direction, num_proj, time_major)
+    out_shape = [T, B, cfg.D * cfg.Hh] if time_major else [B, T, cfg.D * cfg.Hh]
+    output = input.new_empty(out_shape)
+    output_h = input.new_empty(input_h.shape)
+    output_c = input.new_empty(input_c.shape) if cfg.lstm else input.new_empty(())
+    n = reserve_numel(cfg, T, B, input.dtype, dropout, is_training)
+    reserve = input.new_empty((n,) if n is not None else ())
+    host_reserved = input.new_empty((), dtype=torch.int8)
+    return output, output_h, output_c, reserve, host_reserved
+
+
+@torch.library.register_fake("tfgrads::cudnn_rnn_backprop_v3")
+def _cudnn_rnn_backprop_v3_fake(input, input_h, input_c, params, sequence_lengths, output,
+                                output_h, output_c, output_backprop, output_h_backprop,
+                                output_c_backprop, reserve_space, host_reserved,
+                                rnn_mode="lstm", input_mode="linear_input",
+                                direction="unidirectional", dropout=0.0, seed=0, seed2=0,
+                                num_proj=0, time_major=True):
+    op = _RNN_BWD
+    cfg, T, B = rnn_check_forward(op, input, input_h, input_c, params, sequence_lengths,
+                                  rnn_mode, input_mode, direction, num_proj, time_major)
+    out_shape = [T, B, cfg.D * cfg.Hh] if time_major else [B, T, cfg.D * cfg.Hh]
+    checks = [("output", output, out_shape), ("output_h", output_h, list(input_h.shape))]
+    if cfg.lstm:
+        checks.append(("output_c", output_c, list(input_c.shape)))
+    checks += [("output_backprop", output_backprop, out_shape),
+               ("output_h_backprop", output_h_backprop, list(input_h.shape))]
+    if cfg.lstm:
+        checks.append(("output_c_backprop", output_c_backprop, list(input_c.shape)))
+    for name, t, shape in checks:
+        torch._check_value(list(t.shape) == shape, lambda: (
+            f"{op}: argument '{name}': Invalid {name} shape: {_tf_shape(t.shape)} "
+            f"{_tf_shape(shape)}"))
+    n = reserve_numel(cfg, T, B, input.dtype, dropout)
+    torch._check_value(reserve_space.dim() == 1 and reserve_space.shape[0] == n, lambda: (
+        f"{op}: argument 'reserve_space' must be the reserve_space of a training-mode "
+        f"cudnn_rnn_v3 call with the same arguments ({n} elements), got shape "
+        f"{_tf_shape(reserve_space.shape)}; to use cudnn_rnn_v3 in gradients, is_training must "
+        "be set to True"))
+    input_c_backprop = input.new_empty(input_c.shape) if cfg.lstm else input.new_empty(())
+    return (input.new_empty(input.shape), input.new_empty(input_h.shape), input_c_backprop,
+            input.new_empty(params.shape))
+
+
+def _rnn_conversion_config(op, num_layers, num_units, input_size, rnn_mode, input_mode,
+                           direction, num_proj):
+    return RnnConfig(op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
+                     num_proj)
+
+
+@torch.library.register_fake("tfgrads::cudnn_rnn_canonical_to_params_v2")
+def _cudnn_rnn_canonical_to_params_v2_fake(num_layers, num_units, input_size, weights, biases,
+                                           rnn_mode="lstm", input_mode="linear_input",
+                                           direction="unidirectional", num_proj=0):
+    op = "cudnn_rnn_canonical_to_params_v2"
+    cfg = _rnn_conversion_config(op, num_layers, num_units, input_size, rnn_mode, input_mode,
+                                 direction, num_proj)
+    torch._check_value(len(weights) > 0, lambda: f"{op}: argument 'weights' must not be empty")
+    w_shapes, b_shapes = cfg.canonical_shapes()
+    for name, ts, shapes in (("weights", weights, w_shapes), ("biases", biases, b_shapes)):
+        torch._check_value(len(ts) == len(shapes), lambda: (
+            f"{op}: argument '{name}': expected {len(shapes)} tensors for this configuration, "
+            f"got {len(ts)}"))
+        for k, (t, s) in enumerate(zip(ts, shapes)):
+            torch._check_value(list(t.shape) == list(s), lambda: (
+                f"{op}: argument '{name}': {name}[{k}] must have shape {_tf_shape(s)}, got "
+                f"{_tf_shape(t.shape)}"))
+    return weights[0].new_empty((cfg.params_size(),))
+
+
+@torch.library.register_fake("tfgrads::cudnn_rnn_params_to_canonical_v2")
+def _cudnn_rnn_params_to_canonical_v2_fake(num_layers, num_units, input_size, params,
+                                           num_params_weights, num_params_biases,
+                                           rnn_mode="lstm", input_mode="linear_input",
+                                           direction="unidirectional", num_proj=0):
+    op = "cudnn_rnn_params_to_canonical_v2"
+    cfg = _rnn_conversion_config(op, num_layers, num_units, input_size, rnn_mode, input_mode,
+                                 direction, num_proj)
+    w_shapes, b_shapes = cfg.canonical_shapes()
+    torch._check_value(num_params_weights == len(w_shapes), lambda: (
+        f"{op}: C Number of params mismatch. Expected {num_params_weights}, got {len(w_shapes)}"))
+    torch._check_value(num_params_biases == len(b_shapes), lambda: (
+        f"{op}: A Number of params mismatch. Expected {num_params_biases}, got {len(b_shapes)}"))
+    torch._check_value(params.dim() == 1 and params.shape[0] == cfg.params_size(), lambda: (
+        f"{op}: argument 'params' has {params.numel()} elements but cudnn_rnn_params_size of "
+        f"this configuration is {cfg.params_size()}"))
+    return ([params.new_empty(s) for s in w_shapes], [params.new_empty(s) for s in b_shapes])

@@ -5,6 +5,8 @@ Each is a thin wrapper over `torch.ops.tfgrads.<op>.default` that only fills in 
 """
 import torch
 
+from ._rnn_config import RnnConfig
+
 
 def _empty_stats(x):
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -242,3 +244,129 @@ depthwise_conv2d_native_backprop_filter.__doc__ = """TF's
     uninitialised memory). Summed in a fixed order: deterministic. Differentiable w.r.t.
     ``input`` and ``out_backprop``.
 """ + _DW_ATTRS_DOC
+
+
+# ---- CudnnRNN family --------------------------------------------------------------------------
+_RNN_ATTRS_DOC = """
+    ``rnn_mode``: "lstm" (gates i, f, c, o), "gru" (r, z, h; the reset gate applied after the
+    recurrent matmul, Keras ``reset_after=True``), "rnn_tanh", "rnn_relu". ``input_mode``:
+    "linear_input"; "skip_input" (input_size == num_units: layer 0 adds x to every gate instead
+    of W x, and the buffer has no layer-0 input matrices); "auto_select" (skip_input exactly
+    when input_size == num_units). ``direction``: "unidirectional" or "bidirectional".
+    ``num_proj`` > 0 (LSTM only): h = Wp (o * tanh(c)), Wp ``[num_proj, num_units]``.
+"""
+
+
+def _scalar_int(v, op, name):
+    """TF's size inputs are host int32 scalars; accept ints and 0-d integer tensors."""
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 0:
+            raise ValueError(f"{op}: {name} is not a scalar (got shape {list(v.shape)})")
+        return int(v.item())
+    return v if isinstance(v, torch.SymInt) else int(v)
+
+
+def cudnn_rnn_params_size(num_layers, num_units, input_size, rnn_mode="lstm",
+                          input_mode="linear_input", direction="unidirectional", num_proj=0):
+    """TF's `CudnnRNNParamsSize`: the number of elements of the opaque params buffer.
+
+    For linear_input this equals the parameter count of the matching ``torch.nn.LSTM/GRU/RNN``
+    (``proj_size=num_proj``). Returns a Python int (TF returns a ``[1]`` tensor).
+    """
+    op = "cudnn_rnn_params_size"
+    cfg = RnnConfig(op, rnn_mode, input_mode, direction, _scalar_int(num_layers, op, "num_layers"),
+                    _scalar_int(num_units, op, "num_units"),
+                    _scalar_int(input_size, op, "input_size"), int(num_proj))
+    return cfg.params_size()
+
+
+def cudnn_rnn_canonical_to_params_v2(num_layers, num_units, input_size, weights, biases,
+                                     rnn_mode="lstm", input_mode="linear_input",
+                                     direction="unidirectional", num_proj=0):
+    """TF's `CudnnRNNCanonicalToParamsV2`: canonical weights and biases -> the opaque buffer.
+
+    ``weights`` per pseudo-layer (layer-major, forward before backward): G gate input matrices
+    ``[U, in]``, G recurrent matrices ``[U, Hh]``, then ``Wp [P, U]`` with projection; ``biases``
+    per pseudo-layer: G input biases then G recurrent biases, each ``[U]``. The buffer holds,
+    per pseudo-layer, the matrices, the biases, then the projection: for one unidirectional
+    layer exactly what Keras/TF build, so TF checkpoints load unchanged. Differentiable.
+    """
+    op = "cudnn_rnn_canonical_to_params_v2"
+    return torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2.default(
+        _scalar_int(num_layers, op, "num_layers"), _scalar_int(num_units, op, "num_units"),
+        _scalar_int(input_size, op, "input_size"), list(weights), list(biases), rnn_mode,
+        input_mode, direction, int(num_proj))
+
+
+def cudnn_rnn_params_to_canonical_v2(num_layers, num_units, input_size, params,
+                                     num_params_weights, num_params_biases, rnn_mode="lstm",
+                                     input_mode="linear_input", direction="unidirectional",
+                                     num_proj=0):
+    """TF's `CudnnRNNParamsToCanonicalV2`: the exact inverse of the canonical -> params op.
+
+    Returns ``(weights, biases)`` lists (copies, in the order described there); the counts
+    must be ``L*D*(2G + [P>0])`` and ``L*D*2G`` (TF's checks and messages). Differentiable.
+    """
+    op = "cudnn_rnn_params_to_canonical_v2"
+    w, b = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2.default(
+        _scalar_int(num_layers, op, "num_layers"), _scalar_int(num_units, op, "num_units"),
+        _scalar_int(input_size, op, "input_size"), params, int(num_params_weights),
+        int(num_params_biases), rnn_mode, input_mode, direction, int(num_proj))
+    return list(w), list(b)
+
+
+def _lengths(sequence_lengths, input, time_major):
+    if sequence_lengths is not None:
+        return sequence_lengths
+    T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
+    return torch.full((B,), T, dtype=torch.int32, device=input.device)
+
+
+def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths=None, rnn_mode="lstm",
+                 input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0,
+                 seed2=0, num_proj=0, is_training=True, time_major=True):
+    """TF's `CudnnRNNV3`, on CPU and CUDA (TF has GPU kernels only).
+
+    Returns ``(output, output_h, output_c, reserve_space, host_reserved)``. Shapes (L layers,
+    D directions, Hh = num_proj or num_units): time-major ``input [T, B, I]``, ``input_h
+    [L*D, B, Hh]``, ``input_c [L*D, B, U]`` (LSTM; otherwise ignored, may be None), ``output
+    [T, B, D*Hh]``; batch-major swaps T and B in input/output and labels the states ``[B, L*D,
+    H]`` while reading their memory as ``[L*D, B, H]``, exactly as TF does. ``sequence_lengths``
+    (int32 ``[B]``, each in ``[1, T]``; None: all T): outputs past a length are 0, final states
+    are taken at each sequence's last step, the reverse direction starts there. ``dropout``
+    applies between layers in training (inverted dropout from torch's CPU generator, fixed by a
+    nonzero seed/seed2; kept in reserve_space for the backward). ``reserve_space`` is 1-D in
+    training and a zero scalar in inference, as are ``host_reserved`` (int8) and, outside LSTM,
+    ``output_c``. Half types compute in float32. Differentiable w.r.t. input, input_h, input_c
+    and params (training only, as in TF).
+    """
+    if input_c is None:
+        input_c = input.new_zeros(())
+    return torch.ops.tfgrads.cudnn_rnn_v3.default(
+        input, input_h, input_c, params, _lengths(sequence_lengths, input, time_major), rnn_mode,
+        input_mode, direction, float(dropout), int(seed), int(seed2), int(num_proj),
+        bool(is_training), bool(time_major))
+
+
+def cudnn_rnn_backprop_v3(input, input_h, input_c, params, sequence_lengths, output, output_h,
+                          output_c, output_backprop, output_h_backprop, output_c_backprop,
+                          reserve_space, host_reserved, rnn_mode="lstm",
+                          input_mode="linear_input", direction="unidirectional", dropout=0.0,
+                          seed=0, seed2=0, num_proj=0, time_major=True):
+    """TF's `CudnnRNNBackpropV3`: gradients of ``<output_backprop, output> + <output_h_backprop,
+    output_h> + <output_c_backprop, output_c>`` w.r.t. (input, input_h, input_c, params), the
+    last in the opaque layout. Needs the ``reserve_space`` of the training-mode forward with the
+    same arguments (its size is checked); output_backprop past a sequence's length is ignored.
+    """
+    if input_c is None:
+        input_c = input.new_zeros(())
+    return torch.ops.tfgrads.cudnn_rnn_backprop_v3.default(
+        input, input_h, input_c, params, _lengths(sequence_lengths, input, time_major), output,
+        output_h, output_c, output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+        host_reserved, rnn_mode, input_mode, direction, float(dropout), int(seed), int(seed2),
+        int(num_proj), bool(time_major))
+
+
+for _f in (cudnn_rnn_params_size, cudnn_rnn_canonical_to_params_v2,
+           cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3, cudnn_rnn_backprop_v3):
+    _f.__doc__ += _RNN_ATTRS_DOC

@@ -85,6 +85,16 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
                      c10::string_view input_mode, c10::string_view direction, double dropout,
                      int64_t num_proj, bool time_major);
 
+// The params conversions (device-independent; registered per device).
+at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t input_size,
+                               at::TensorList weights, at::TensorList biases,
+                               c10::string_view rnn_mode, c10::string_view input_mode,
+                               c10::string_view direction, int64_t num_proj);
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical(
+    int64_t num_layers, int64_t num_units, int64_t input_size, const at::Tensor& params,
+    int64_t num_params_weights, int64_t num_params_biases, c10::string_view rnn_mode,
+    c10::string_view input_mode, c10::string_view direction, int64_t num_proj);
+
 // ---- Per-device cell kernels ---------------------------------------------------------------
 // One time step of one pseudo-layer for all B rows, in the compute dtype, all [B, *] row-major.
 // Row b is active when `lens` is undefined or step < lens[b]; inactive rows keep their state.

@@ -1,10 +1,9 @@
 // CudnnRNNCanonicalToParamsV2 / CudnnRNNParamsToCanonicalV2: between TF's canonical weights
 // and biases and the opaque buffer (layout in cudnn_rnn.h). Pure tensor slicing and
-// concatenation, so one device-independent kernel (CompositeExplicitAutograd) serves CPU,
-// CUDA and meta tensors; autograd is registered in torch_tfgrads/_autograd.py.
+// concatenation, so one device-independent implementation, registered for CPU and CUDA by
+// the per-device files; fakes and autograd are in torch_tfgrads/.
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <sstream>
 
@@ -38,6 +37,8 @@ void check_tensors(const char* op, const char* name, at::TensorList ts,
     check_same_device(ref, ts[k], op, "weights[0]", name);
   }
 }
+
+}  // namespace
 
 at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t input_size,
                                at::TensorList weights, at::TensorList biases,
@@ -128,13 +129,6 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
     }
   }
   return {weights, biases};
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(tfgrads, CompositeExplicitAutograd, m) {
-  m.impl("cudnn_rnn_canonical_to_params_v2", &canonical_to_params);
-  m.impl("cudnn_rnn_params_to_canonical_v2", &params_to_canonical);
 }
 
 }  // namespace cudnn_rnn

@@ -68,6 +68,7 @@ void cell_forward_typed(const Config& cfg, const CellForward& a) {
     if (lens && step >= lens[b]) {  // past this row's length: the state is carried
       if (mode == Mode::kLstm) copy_row(c_out + b * U, c_prev + b * U, U);
       if (!projected) copy_row(ho, hp, U);
+      if (ac) std::fill(ac, ac + AW, T(0));  // the reserve space is never left uninitialised
       return;
     }
     for (int64_t u = 0; u < U; u += kV) {
@@ -231,6 +232,8 @@ BackwardResult cudnn_rnn_backprop_v3_cpu(
 TORCH_LIBRARY_IMPL(tfgrads, CPU, m) {
   m.impl("cudnn_rnn_v3", &cudnn_rnn_v3_cpu);
   m.impl("cudnn_rnn_backprop_v3", &cudnn_rnn_backprop_v3_cpu);
+  m.impl("cudnn_rnn_canonical_to_params_v2", &canonical_to_params);
+  m.impl("cudnn_rnn_params_to_canonical_v2", &params_to_canonical);
 }
 
 }  // namespace cudnn_rnn

@@ -1,0 +1,91 @@
+"""CudnnRNN sizes in Python: the params size, the canonical shapes and the reserve-space size.
+
+Mirrors csrc/common/cudnn_rnn.{h,cpp} (the C++ is the implementation; this copy serves the fake
+kernels, `cudnn_rnn_params_size` and the modules, and tests check that the two agree).
+"""
+import torch
+
+GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
+_INPUT_MODES = ("linear_input", "skip_input", "auto_select")
+_DIRECTIONS = {"unidirectional": 1, "bidirectional": 2}
+
+
+class RnnConfig:
+    """L layers, D directions, U units, I input size, P projection (0: none), Hh = P or U."""
+
+    def __init__(self, op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
+                 num_proj):
+        torch._check_value(rnn_mode in GATES, lambda: (
+            f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
+            f"'{rnn_mode}'"))
+        torch._check_value(input_mode in _INPUT_MODES, lambda: (
+            f"{op}: argument 'input_mode' must be linear_input, skip_input or auto_select, got "
+            f"'{input_mode}'"))
+        torch._check_value(direction in _DIRECTIONS, lambda: (
+            f"{op}: argument 'direction' must be unidirectional or bidirectional, got "
+            f"'{direction}'"))
+        self.mode, self.G, self.D = rnn_mode, GATES[rnn_mode], _DIRECTIONS[direction]
+        self.L, self.U, self.I, self.P = num_layers, num_units, input_size, num_proj
+        torch._check_value(self.L >= 1, lambda: f"{op}: num_layers must be >= 1, got {self.L}")
+        torch._check_value(self.U >= 1, lambda: f"{op}: num_units must be >= 1, got {self.U}")
+        torch._check_value(self.I >= 1, lambda: f"{op}: input_size must be >= 1, got {self.I}")
+        torch._check_value(self.P >= 0, lambda: (
+            f"{op}: argument 'num_proj' must be >= 0, got {self.P}"))
+        torch._check_value(self.P == 0 or rnn_mode == "lstm", lambda: (
+            f"{op}: argument 'num_proj' ({self.P}) is only supported with rnn_mode lstm"))
+        torch._check_value(self.P <= self.U, lambda: (
+            f"{op}: argument 'num_proj' ({self.P}) must not exceed num_units ({self.U})"))
+        self.Hh = self.P if self.P else self.U
+        if input_mode == "skip_input":
+            torch._check_value(self.I == self.U, lambda: (
+                f"{op}: input_mode skip_input adds the input to every gate, so input_size "
+                f"({self.I}) must equal num_units ({self.U})"))
+        self.skip_input = input_mode == "skip_input" or (
+            input_mode == "auto_select" and self.I == self.U)
+
+    @property
+    def lstm(self):
+        return self.mode == "lstm"
+
+    def in_width(self, layer):
+        return self.I if layer == 0 else self.D * self.Hh
+
+    def has_input_weights(self, layer):
+        return not (self.skip_input and layer == 0)
+
+    def act_width(self):
+        return 4 * self.U if self.mode in ("lstm", "gru") else self.U
+
+    def params_size(self):
+        n = 0
+        for layer in range(self.L):
+            w_in = self.G * self.U * self.in_width(layer) if self.has_input_weights(layer) else 0
+            n += self.D * (w_in + self.G * self.U * self.Hh + 2 * self.G * self.U
+                           + self.P * self.U)
+        return n
+
+    def canonical_shapes(self):
+        """(weight shapes, bias shapes) in TF's ParamsToCanonical order."""
+        ws = []
+        for layer in range(self.L):
+            for _ in range(self.D):
+                if self.has_input_weights(layer):
+                    ws += [(self.U, self.in_width(layer))] * self.G
+                ws += [(self.U, self.Hh)] * self.G
+                if self.P:
+                    ws.append((self.P, self.U))
+        return ws, [(self.U,)] * (self.L * self.D * 2 * self.G)
+
+    def reserve_elements(self, T, B, with_dropout):
+        """Reserve space in compute-dtype elements (float32 for the half types)."""
+        per_pseudo = T * B * (self.act_width() + (self.U if self.lstm else 0) + self.Hh)
+        below_top = T * B * self.D * self.Hh * (2 if with_dropout else 1)
+        return self.L * self.D * per_pseudo + (self.L - 1) * below_top
+
+
+def reserve_numel(cfg, T, B, dtype, dropout, is_training=True):
+    """numel of the reserve_space tensor (dtype `dtype`) that cudnn_rnn_v3 returns."""
+    if not is_training:
+        return None
+    widen = 2 if dtype in (torch.float16, torch.bfloat16) else 1
+    return cfg.reserve_elements(T, B, dropout > 0 and cfg.L > 1) * widen
