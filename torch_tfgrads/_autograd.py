@@ -6,7 +6,8 @@ backward ops have formulas of their own, giving TF's second-order gradients.
 import torch
 
 from ._batch_norm_grad_grad import batch_norm_grad_grad
-from ._meta import bn_channels_first
+from . import _rnn_reference as rnn_reference
+from ._meta import bn_channels_first, rnn_check_forward
 
 
 # ---- FusedBatchNorm family ------------------------------------------------------------------
@@ -321,3 +322,59 @@ def _p2c_backward(ctx, gw, gb):
 
 torch.library.register_autograd("tfgrads::cudnn_rnn_params_to_canonical_v2", _p2c_backward,
                                 setup_context=_p2c_setup_context)
+
+
+# Second order: TF defines no gradient for CudnnRNNBackpropV3; ours differentiates the torch-op
+# composite of the forward (_rnn_reference.py) twice, with the forward's dropout masks. The
+# backprop op is linear in the three output gradients and depends on input, input_h, input_c
+# and params through the recurrence; output/output_h/output_c only fix shapes.
+def _rnn_bwd_setup_context(ctx, inputs, output):
+    (x, h, c, p, lengths, _out, _oh, _oc, dy, dh, dc, reserve, _host, rnn_mode, input_mode,
+     direction, _dropout, _seed, _seed2, num_proj, time_major) = _pad_defaults(inputs)
+    ctx.save_for_backward(x, h, c, p, lengths, dy, dh, dc, reserve)
+    ctx.attrs = (rnn_mode, input_mode, direction, num_proj, time_major)
+
+
+_RNN_BWD_DEFAULTS = ("lstm", "linear_input", "unidirectional", 0.0, 0, 0, 0, True)
+
+
+def _pad_defaults(inputs):
+    n = len(inputs)
+    return tuple(inputs) + _RNN_BWD_DEFAULTS[n - 13:] if n < 21 else tuple(inputs)
+
+
+def _rnn_bwd_backward(ctx, g_dx, g_dh, g_dc, g_dp):
+    x, h, c, p, lengths, dy, dh, dc, reserve = ctx.saved_tensors
+    rnn_mode, input_mode, direction, num_proj, time_major = ctx.attrs
+    cfg, T, B = rnn_check_forward("cudnn_rnn_backprop_v3", x, h, c, p, lengths, rnn_mode,
+                                  input_mode, direction, num_proj, time_major)
+    dtype = x.dtype
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    lstm = rnn_mode == "lstm"
+    with torch.enable_grad():
+        leaves = [t.detach().to(acc).requires_grad_() for t in (x, h, c, p, dy, dh, dc)]
+        lx, lh, lc, lp, ldy, ldh, ldc = leaves
+        masks = rnn_reference.dropout_masks(cfg, reserve.detach(), T, B, acc)
+        out, hn, cn = rnn_reference.forward(cfg, lx, lh, lc, lp, lengths, time_major, masks)
+        outs, cots, wrt = [out, hn], [ldy, ldh], [lx, lh, lp]
+        if lstm:
+            outs.append(cn)
+            cots.append(ldc)
+            wrt.append(lc)
+        first = torch.autograd.grad(outs, wrt, cots, create_graph=True)
+        gs = [g_dx, g_dh, g_dp] + ([g_dc] if lstm else [])
+        total = sum((f * g.to(acc)).sum() for f, g in zip(first, gs) if g is not None)
+        second = torch.autograd.grad(total, leaves, allow_unused=True) if torch.is_tensor(
+            total) and total.requires_grad else [None] * 7
+
+    def cast(g, like):
+        return None if g is None else g.to(like.dtype)
+    sx, sh, sc, sp, sdy, sdh, sdc = (cast(g, t) for g, t in zip(second, (x, h, c, p, dy, dh, dc)))
+    if not lstm:
+        sc = sdc = None
+    grads = (sx, sh, sc, sp, None, None, None, None, sdy, sdh, sdc) + (None,) * 10
+    return grads[:len(ctx.needs_input_grad)]
+
+
+torch.library.register_autograd("tfgrads::cudnn_rnn_backprop_v3", _rnn_bwd_backward,
+                                setup_context=_rnn_bwd_setup_context)

@@ -3,6 +3,7 @@
 // the recurrent part and one fused cell kernel; the backward mirrors it and finishes each
 // layer with batched GEMMs for the weight gradients over all steps.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
@@ -133,6 +134,8 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
                       int64_t num_proj, bool is_training, bool time_major,
                       const CellKernels& cells) {
   const char* op = "cudnn_rnn_v3";
+  // Our internal ATen calls (out= variants included) are not part of any autograd graph.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths,
                                    rnn_mode, input_mode, direction, dropout, num_proj,
                                    time_major);
@@ -248,6 +251,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
   (void)seed;
   (void)seed2;  // the dropout mask is read back from reserve_space
   const char* op = "cudnn_rnn_backprop_v3";
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths,
                                    rnn_mode, input_mode, direction, dropout, num_proj,
                                    time_major);
