@@ -4,7 +4,7 @@ the modules. Keras parity is in test_cudnn_rnn_tf.py, bad inputs in test_cudnn_r
 """
 import pytest
 import torch
-from torch.autograd import gradcheck
+from torch.autograd import gradcheck, gradgradcheck
 
 import torch_tfgrads as T
 from torch_tfgrads.parity.cudnn_rnn_torch import GATES, oracle
@@ -153,6 +153,36 @@ def test_gradcheck(case):
                         for t in case.tensors())
     n_out = 3 if case.mode == "lstm" else 2
     assert gradcheck(lambda *a: case.run(*a, lens)[:n_out], (x, h, c, p))
+
+
+GRADGRAD_CASES = [
+    Case("lstm", 2, 2, lengths=[3, 1], T_=3, B=2, I=2, U=3),
+    Case("lstm", 1, 1, P=2, time_major=False, lengths=[2, 3], T_=3, B=2, I=2, U=3),
+    Case("gru", 2, 2, time_major=False, lengths=[3, 2], T_=3, B=2, I=2, U=3),
+    Case("rnn_tanh", 2, 1, T_=3, B=2, I=2, U=3),
+    Case("rnn_relu", 1, 2, lengths=[1, 3], T_=3, B=2, I=2, U=3),
+]
+
+
+@pytest.mark.parametrize("case", GRADGRAD_CASES, ids=repr)
+def test_gradgradcheck(case):
+    # Second order goes through cudnn_rnn_backprop_v3's own backward.
+    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t
+                        for t in case.tensors())
+    if case.mode == "lstm":
+        assert gradgradcheck(lambda *a: case.run(*a, lens)[:3], (x, h, c, p), fast_mode=True)
+    else:
+        assert gradgradcheck(lambda x, h, p: case.run(x, h, c, p, lens)[:2], (x, h, p),
+                             fast_mode=True)
+
+
+def test_gradgradcheck_with_dropout_and_skip_input():
+    case = Case("gru", 3, 1, lengths=[3, 2], T_=3, B=2, I=3, U=3)
+    x, h, c, p, lens = case.tensors()
+    p = torch.randn(T.cudnn_rnn_params_size(3, 3, 3, "gru", "skip_input"), dtype=torch.float64)
+    x, h, p = (t.requires_grad_() for t in (x, h, p))
+    assert gradgradcheck(lambda x, h, p: T.cudnn_rnn_v3(
+        x, h, c, p, lens, "gru", "skip_input", dropout=0.5, seed=2, seed2=5)[:2], (x, h, p))
 
 
 def test_gradcheck_with_dropout_fixed_seed():

@@ -330,9 +330,9 @@ torch.library.register_autograd("tfgrads::cudnn_rnn_params_to_canonical_v2", _p2
 # and params through the recurrence; output/output_h/output_c only fix shapes.
 def _rnn_bwd_setup_context(ctx, inputs, output):
     (x, h, c, p, lengths, _out, _oh, _oc, dy, dh, dc, reserve, _host, rnn_mode, input_mode,
-     direction, _dropout, _seed, _seed2, num_proj, time_major) = _pad_defaults(inputs)
+     direction, dropout, _seed, _seed2, num_proj, time_major) = _pad_defaults(inputs)
     ctx.save_for_backward(x, h, c, p, lengths, dy, dh, dc, reserve)
-    ctx.attrs = (rnn_mode, input_mode, direction, num_proj, time_major)
+    ctx.attrs = (rnn_mode, input_mode, direction, dropout, num_proj, time_major)
 
 
 _RNN_BWD_DEFAULTS = ("lstm", "linear_input", "unidirectional", 0.0, 0, 0, 0, True)
@@ -345,7 +345,7 @@ def _pad_defaults(inputs):
 
 def _rnn_bwd_backward(ctx, g_dx, g_dh, g_dc, g_dp):
     x, h, c, p, lengths, dy, dh, dc, reserve = ctx.saved_tensors
-    rnn_mode, input_mode, direction, num_proj, time_major = ctx.attrs
+    rnn_mode, input_mode, direction, dropout, num_proj, time_major = ctx.attrs
     cfg, T, B = rnn_check_forward("cudnn_rnn_backprop_v3", x, h, c, p, lengths, rnn_mode,
                                   input_mode, direction, num_proj, time_major)
     dtype = x.dtype
@@ -354,7 +354,8 @@ def _rnn_bwd_backward(ctx, g_dx, g_dh, g_dc, g_dp):
     with torch.enable_grad():
         leaves = [t.detach().to(acc).requires_grad_() for t in (x, h, c, p, dy, dh, dc)]
         lx, lh, lc, lp, ldy, ldh, ldc = leaves
-        masks = rnn_reference.dropout_masks(cfg, reserve.detach(), T, B, acc)
+        masks = (rnn_reference.dropout_masks(cfg, reserve.detach(), T, B, acc)
+                 if dropout > 0 else [])
         out, hn, cn = rnn_reference.forward(cfg, lx, lh, lc, lp, lengths, time_major, masks)
         outs, cots, wrt = [out, hn], [ldy, ldh], [lx, lh, lp]
         if lstm:
