@@ -292,6 +292,8 @@ def cudnn_rnn_canonical_to_params_v2(num_layers, num_units, input_size, weights,
     layer exactly what Keras/TF build, so TF checkpoints load unchanged. Differentiable.
     """
     op = "cudnn_rnn_canonical_to_params_v2"
+    if len(weights) == 0:  # the dispatcher needs a tensor to pick a device
+        raise ValueError(f"{op}: argument 'weights' must not be empty")
     return torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2.default(
         _scalar_int(num_layers, op, "num_layers"), _scalar_int(num_units, op, "num_units"),
         _scalar_int(input_size, op, "input_size"), list(weights), list(biases), rnn_mode,
