@@ -10,6 +10,30 @@ from .._rnn_config import RnnConfig
 from ..ops import cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3
 
 
+# cuDNN's GRU gates r, z, h are Keras's gates 1, 0, 2 (Keras orders z, r, h; its cuDNN path
+# swaps them, spec B9); the swap is its own inverse, so the same list maps back.
+_KERAS_GATE_ORDER = {"gru": [1, 0, 2]}
+
+
+def keras_to_canonical(rnn_mode, kernel, recurrent_kernel, bias):
+    """TF canonical ``(weights, biases)`` of a Keras LSTM / GRU(reset_after) / SimpleRNN layer,
+    exactly as Keras's cuDNN path builds them (differentiable in the Keras tensors)."""
+    G = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}[rnn_mode]
+    U = recurrent_kernel.shape[0]
+    order = _KERAS_GATE_ORDER.get(rnn_mode, list(range(G)))
+
+    def gates(m):  # [in, G*U] in Keras order -> G matrices [U, in] in cuDNN order
+        parts = m.split(U, dim=1)
+        return [parts[k].t() for k in order]
+    if bias.dim() == 2:  # GRU reset_after: row 0 the input bias, row 1 the recurrent bias
+        b_in, b_rec = bias[0].split(U), bias[1].split(U)
+        biases = [b_in[k] for k in order] + [b_rec[k] for k in order]
+    else:  # one bias: Keras feeds it as the recurrent bias, the input bias zero
+        parts = bias.split(U)
+        biases = [torch.zeros_like(parts[0]) for _ in range(G)] + [parts[k] for k in order]
+    return gates(kernel) + gates(recurrent_kernel), biases
+
+
 class _CudnnRNN(torch.nn.Module):
     _rnn_mode = None
     _torch_class = None  # (torch.nn class, nonlinearity or None)
@@ -175,9 +199,6 @@ class _CudnnRNN(torch.nn.Module):
             raise ValueError(f"{type(self).__name__}.{what}: Keras layers hold one "
                              "unidirectional linear_input layer without projection")
 
-    # Keras' gate order as a permutation of ours (GRU: Keras z, r, h vs cuDNN r, z, h).
-    _keras_gate_order = None
-
     def set_keras_weights(self, kernel, recurrent_kernel, bias):
         """Loads a Keras layer's ``get_weights()``: LSTM ``kernel [I, 4U]``, ``recurrent_kernel
         [U, 4U]``, ``bias [4U]`` (taken as the recurrent bias, the input bias zero, as Keras's
@@ -185,28 +206,16 @@ class _CudnnRNN(torch.nn.Module):
         SimpleRNN (CudnnRNNTanh/Relu) with ``bias [U]``."""
         self._check_keras("set_keras_weights")
         like = dict(dtype=self.params.dtype, device=self.params.device)
-        kernel, recurrent_kernel, bias = (torch.as_tensor(t, **like)
-                                          for t in (kernel, recurrent_kernel, bias))
-        G, U = self._cfg.G, self.num_units
-        order = self._keras_gate_order or list(range(G))
-
-        def gates(m):  # [in, G*U] in Keras order -> G matrices [U, in] in cuDNN order
-            parts = m.split(U, dim=1)
-            return [parts[k].t() for k in order]
-        if bias.dim() == 2:  # GRU reset_after: row 0 input bias, row 1 recurrent bias
-            b_in, b_rec = bias[0].split(U), bias[1].split(U)
-            biases = [b_in[k] for k in order] + [b_rec[k] for k in order]
-        else:
-            parts = bias.split(U)
-            biases = [torch.zeros(U, **like) for _ in range(G)] + [parts[k] for k in order]
-        self.set_canonical_weights(gates(kernel) + gates(recurrent_kernel), biases)
+        self.set_canonical_weights(*keras_to_canonical(
+            self._rnn_mode, *(torch.as_tensor(t, **like) for t in (kernel, recurrent_kernel,
+                                                                    bias))))
 
     def keras_weights(self):
         """``[kernel, recurrent_kernel, bias]`` for the matching Keras layer (LSTM and
         SimpleRNN: the two biases summed; GRU: both kept, ``reset_after=True``)."""
         self._check_keras("keras_weights")
         G = self._cfg.G
-        order = self._keras_gate_order or list(range(G))
+        order = _KERAS_GATE_ORDER.get(self._rnn_mode, list(range(G)))
         with torch.no_grad():
             w, b = self.canonical_weights()
         kernel = torch.cat([w[k].t() for k in order], dim=1)
@@ -228,9 +237,6 @@ class CudnnGRU(_CudnnRNN):
     ``reset_after=True``)."""
     _rnn_mode = "gru"
     _torch_class = (torch.nn.GRU, None)
-    # cuDNN r, z, h are Keras's gates 1, 0, 2 (Keras orders z, r, h); the swap is its own
-    # inverse, so the same list maps back.
-    _keras_gate_order = [1, 0, 2]
 
 
 class CudnnRNNTanh(_CudnnRNN):
