@@ -200,3 +200,68 @@ def test_compile_depthwise_bad_stride_is_a_clean_error():
     with pytest.raises(Exception, match="Stride must be > 0, but got 0"):
         torch.compile(f, fullgraph=True, dynamic=True)(torch.ones(2, 2, 3, 2),
                                                         torch.ones(1, 3, 3, 6))
+
+
+class Tagger(torch.nn.Module):
+    """A bidirectional two-layer CudnnLSTM (variable lengths) -> linear: a sequence tagger."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = T.nn.CudnnLSTM(2, 6, 4, direction="bidirectional", time_major=False)
+        self.head = torch.nn.Linear(12, 3)
+
+    def forward(self, x, lengths):
+        out, (h, c) = self.rnn(x, sequence_lengths=lengths)
+        return self.head(out), h
+
+
+def test_compile_cudnn_lstm_fullgraph_dynamic():
+    # torch.nn.LSTM graph-breaks under torch.compile; our op is one node.
+    torch._dynamo.reset()
+    model = Tagger()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for B, T_ in [(3, 5), (4, 7), (2, 9)]:
+        x = torch.randn(B, T_, 4, requires_grad=True)
+        lengths = torch.randint(1, T_ + 1, (B,), dtype=torch.int32)
+        outs = []
+        for m in (model, compiled):
+            y, h = m(x, lengths)
+            grads = torch.autograd.grad(y.square().sum() + h.sum(), [x, *model.parameters()])
+            outs.append((y, h, grads))
+        (y_e, h_e, g_e), (y_c, h_c, g_c) = outs
+        torch.testing.assert_close(y_c, y_e)
+        torch.testing.assert_close(h_c, h_e)
+        for a, b in zip(g_c, g_e):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_cudnn_rnn_double_backward():
+    torch._dynamo.reset()
+    lengths = torch.tensor([3, 1], dtype=torch.int32)
+
+    def f(x, p, h):
+        out, hn, _, _, _ = T.cudnn_rnn_v3(x, h, None, p, lengths, "gru")
+        gx, gp = torch.autograd.grad(out.square().sum() + hn.sum(), (x, p), create_graph=True)
+        return gx, gp
+
+    x = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
+    p = torch.randn(T.cudnn_rnn_params_size(1, 4, 3, "gru"), dtype=torch.float64,
+                    requires_grad=True)
+    h = torch.randn(1, 2, 4, dtype=torch.float64, requires_grad=True)
+    with torch._functorch.config.patch(donated_buffer=False):
+        compiled = torch.compile(f, fullgraph=False, dynamic=True)(x, p, h)
+    for a, b in zip(compiled, f(x, p, h)):
+        torch.testing.assert_close(a, b)
+
+
+def test_export_cudnn_lstm():
+    model = Tagger().eval()
+    x, lengths = torch.randn(3, 5, 4), torch.tensor([5, 2, 4], dtype=torch.int32)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (x, lengths),
+                             dynamic_shapes={"x": {0: batch}, "lengths": {0: batch}})
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.tfgrads.cudnn_rnn_v3.default) == 1
+    x2, l2 = torch.randn(6, 5, 4), torch.tensor([1, 5, 3, 2, 5, 4], dtype=torch.int32)
+    for a, b in zip(ep.module()(x2, l2), model(x2, l2)):
+        torch.testing.assert_close(a, b)
