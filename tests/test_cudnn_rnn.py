@@ -493,3 +493,16 @@ def test_cuda_matches_cpu(case, device):
     o_dev, g_dev = _grads_ours(case, *dev, dy.to(device), dh.to(device), dc.to(device))
     for a, b in zip(o_dev + g_dev, o_cpu + g_cpu):
         assert rel_err(a, b) <= 1e-12
+
+
+def test_random_configurations_float32_within_1e5():
+    # The parity command's cases: random modes, layers, directions, projection, lengths and
+    # layouts; float32 outputs and all gradients vs the float64 torch oracle.
+    import random
+
+    from torch_tfgrads.parity.cudnn_rnn import TOL, check_case, random_case
+    rng = random.Random(11)
+    for i in range(40):
+        case = random_case(rng)
+        for op, err in check_case(case, i).items():
+            assert err <= TOL, (op, case, err)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 FAMILIES = {"FusedBatchNorm": "torch_tfgrads.parity.fused_batch_norm",
             "FractionalPool": "torch_tfgrads.parity.fractional_pool",
-            "DepthwiseConv2dNative": "torch_tfgrads.parity.depthwise_conv2d"}
+            "DepthwiseConv2dNative": "torch_tfgrads.parity.depthwise_conv2d",
+            "CudnnRNN": "torch_tfgrads.parity.cudnn_rnn"}
 
 
 @dataclass
