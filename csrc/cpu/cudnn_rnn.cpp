@@ -47,147 +47,190 @@ T* mut(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
+// One batch row's units [u0, u0 + n) of one step. Every pointer is already offset to u0; gate g
+// of a unit is `g * stride` further on (the strides differ between the [B, G*U] step buffers
+// and the per-block buffers of the fused path below).
 template <typename T>
-void cell_forward_typed(const Config& cfg, const CellForward& a) {
+struct FwdSeg {
+  const T* x;  int64_t x_gate;  // W x_t + bW
+  const T* r;  int64_t r_gate;  // R h (+ bR when bR == nullptr)
+  const T* bR;                  // recurrent bias (gate stride U) or nullptr
+  int64_t U;
+  const T *c_prev, *h_prev;
+  T *c_out, *h_out, *acts;      // acts: gate stride U, may be nullptr
+};
+
+template <typename T>
+void forward_segment(Mode mode, const FwdSeg<T>& p, int64_t n, bool active, bool projected) {
   using Vec = Vectorized<T>;
   constexpr int64_t kV = Vec::size();
+  const int64_t U = p.U;
+  if (!active) {  // past this row's length: the state is carried
+    if (mode == Mode::kLstm) copy_row(p.c_out, p.c_prev, n);
+    if (!projected) copy_row(p.h_out, p.h_prev, n);
+    if (p.acts)  // the reserve space is never left uninitialised
+      for (int64_t g = 0; g < (mode == Mode::kLstm || mode == Mode::kGru ? 4 : 1); ++g)
+        std::fill(p.acts + g * U, p.acts + g * U + n, T(0));
+    return;
+  }
+  for (int64_t u = 0; u < n; u += kV) {
+    const int64_t m = std::min(kV, n - u);
+    auto rec = [&](int64_t g) {
+      Vec v = Vec::loadu(p.r + g * p.r_gate + u, m);
+      return p.bR ? v + Vec::loadu(p.bR + g * U + u, m) : v;
+    };
+    auto pre = [&](int64_t g) { return Vec::loadu(p.x + g * p.x_gate + u, m) + rec(g); };
+    T* ac = p.acts ? p.acts + u : nullptr;
+    switch (mode) {
+      case Mode::kLstm: {
+        const Vec i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = pre(2).tanh(),
+                  o = sigmoid(pre(3));
+        const Vec c = f * Vec::loadu(p.c_prev + u, m) + i * g;
+        c.store(p.c_out + u, m);
+        (o * c.tanh()).store(p.h_out + u, m);
+        if (ac) {
+          i.store(ac, m);
+          f.store(ac + U, m);
+          g.store(ac + 2 * U, m);
+          o.store(ac + 3 * U, m);
+        }
+        break;
+      }
+      case Mode::kGru: {
+        const Vec rg = sigmoid(pre(0)), z = sigmoid(pre(1));
+        const Vec ghn = rec(2);
+        const Vec nn = (Vec::loadu(p.x + 2 * p.x_gate + u, m) + rg * ghn).tanh();
+        const Vec h = Vec::loadu(p.h_prev + u, m);
+        (nn + z * (h - nn)).store(p.h_out + u, m);  // (1-z) n + z h
+        if (ac) {
+          rg.store(ac, m);
+          z.store(ac + U, m);
+          nn.store(ac + 2 * U, m);
+          ghn.store(ac + 3 * U, m);
+        }
+        break;
+      }
+      case Mode::kRnnTanh:
+      case Mode::kRnnRelu: {
+        const Vec h = mode == Mode::kRnnTanh ? pre(0).tanh()
+                                             : at::vec::maximum(pre(0), Vec(T(0)));
+        h.store(p.h_out + u, m);
+        if (ac) h.store(ac, m);
+        break;
+      }
+    }
+  }
+}
+
+template <typename T>
+struct BwdSeg {
+  const T* acts;  // gate stride U
+  int64_t U;
+  const T *c_cur, *c_prev, *h_prev, *dh, *dc;
+  T *dgx, *dgh;   // gate stride U; dgh only for GRU
+  T *dc_prev, *carry;  // carry may be nullptr (projection)
+};
+
+template <typename T>
+void backward_segment(Mode mode, const BwdSeg<T>& p, int64_t n, bool active) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t kV = Vec::size();
+  const int64_t U = p.U;
+  const Vec one(T(1)), zero(T(0));
+  if (!active) {  // zero gate gradients; dc and dh pass through
+    for (int64_t g = 0; g < gates_of(mode); ++g) {
+      std::fill(p.dgx + g * U, p.dgx + g * U + n, T(0));
+      if (mode == Mode::kGru) std::fill(p.dgh + g * U, p.dgh + g * U + n, T(0));
+    }
+    if (mode == Mode::kLstm) copy_row(p.dc_prev, p.dc, n);
+    if (p.carry) copy_row(p.carry, p.dh, n);
+    return;
+  }
+  for (int64_t u = 0; u < n; u += kV) {
+    const int64_t m = std::min(kV, n - u);
+    const Vec g_h = Vec::loadu(p.dh + u, m);
+    const T* ac = p.acts + u;
+    T* gx = p.dgx + u;
+    switch (mode) {
+      case Mode::kLstm: {
+        const Vec i = Vec::loadu(ac, m), f = Vec::loadu(ac + U, m),
+                  g = Vec::loadu(ac + 2 * U, m), o = Vec::loadu(ac + 3 * U, m);
+        const Vec tc = Vec::loadu(p.c_cur + u, m).tanh();
+        const Vec dct = Vec::loadu(p.dc + u, m) + g_h * o * (one - tc * tc);
+        (dct * i * (one - i) * g).store(gx, m);
+        (dct * f * (one - f) * Vec::loadu(p.c_prev + u, m)).store(gx + U, m);
+        (dct * i * (one - g * g)).store(gx + 2 * U, m);
+        (g_h * tc * o * (one - o)).store(gx + 3 * U, m);
+        (dct * f).store(p.dc_prev + u, m);
+        if (p.carry) zero.store(p.carry + u, m);
+        break;
+      }
+      case Mode::kGru: {
+        const Vec rg = Vec::loadu(ac, m), z = Vec::loadu(ac + U, m),
+                  nn = Vec::loadu(ac + 2 * U, m), ghn = Vec::loadu(ac + 3 * U, m);
+        const Vec h = Vec::loadu(p.h_prev + u, m);
+        const Vec dn = g_h * (one - z) * (one - nn * nn);
+        const Vec dz = g_h * (h - nn) * z * (one - z);
+        const Vec dr = dn * ghn * rg * (one - rg);
+        T* gr = p.dgh + u;
+        dr.store(gx, m);
+        dz.store(gx + U, m);
+        dn.store(gx + 2 * U, m);
+        dr.store(gr, m);
+        dz.store(gr + U, m);
+        (dn * rg).store(gr + 2 * U, m);
+        (g_h * z).store(p.carry + u, m);
+        break;
+      }
+      case Mode::kRnnTanh: {
+        const Vec h = Vec::loadu(ac, m);
+        (g_h * (one - h * h)).store(gx, m);
+        zero.store(p.carry + u, m);
+        break;
+      }
+      case Mode::kRnnRelu: {
+        const Vec h = Vec::loadu(ac, m);
+        Vec::blendv(zero, g_h, h > zero).store(gx, m);
+        zero.store(p.carry + u, m);
+        break;
+      }
+    }
+  }
+}
+
+template <typename T>
+void cell_forward_typed(const Config& cfg, const CellForward& a) {
   const int64_t U = cfg.U, GU = cfg.GU(), Hh = cfg.Hh, AW = cfg.act_width();
   const T *gx = ptr<T>(a.gx), *gh = ptr<T>(a.gh), *h_prev = ptr<T>(a.h_prev);
   const T* c_prev = ptr<T>(a.c_prev);
   const int* lens = a.lens.defined() ? a.lens.data_ptr<int>() : nullptr;
   T *acts = mut<T>(a.acts), *c_out = mut<T>(a.c_out), *h_out = mut<T>(a.h_out);
-  const Mode mode = cfg.mode;
-  const int64_t step = a.step;
-  const bool projected = a.projected;
   for_rows(cfg.B, GU, [&](int64_t b) {
-    const T* x = gx + b * GU;
-    const T* r = gh + b * GU;
-    const T* hp = h_prev + b * Hh;
-    T* ho = h_out + b * U;
-    T* ac = acts ? acts + b * AW : nullptr;
-    if (lens && step >= lens[b]) {  // past this row's length: the state is carried
-      if (mode == Mode::kLstm) copy_row(c_out + b * U, c_prev + b * U, U);
-      if (!projected) copy_row(ho, hp, U);
-      if (ac) std::fill(ac, ac + AW, T(0));  // the reserve space is never left uninitialised
-      return;
-    }
-    for (int64_t u = 0; u < U; u += kV) {
-      const int64_t n = std::min(kV, U - u);
-      auto pre = [&](int64_t g) { return Vec::loadu(x + g * U + u, n) + Vec::loadu(r + g * U + u, n); };
-      switch (mode) {
-        case Mode::kLstm: {
-          const Vec i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = pre(2).tanh(),
-                    o = sigmoid(pre(3));
-          const Vec c = f * Vec::loadu(c_prev + b * U + u, n) + i * g;
-          c.store(c_out + b * U + u, n);
-          (o * c.tanh()).store(ho + u, n);
-          if (ac) {
-            i.store(ac + u, n);
-            f.store(ac + U + u, n);
-            g.store(ac + 2 * U + u, n);
-            o.store(ac + 3 * U + u, n);
-          }
-          break;
-        }
-        case Mode::kGru: {
-          const Vec rg = sigmoid(pre(0)), z = sigmoid(pre(1));
-          const Vec ghn = Vec::loadu(r + 2 * U + u, n);
-          const Vec nn = (Vec::loadu(x + 2 * U + u, n) + rg * ghn).tanh();
-          const Vec h = Vec::loadu(hp + u, n);
-          (nn + z * (h - nn)).store(ho + u, n);  // (1-z) n + z h
-          if (ac) {
-            rg.store(ac + u, n);
-            z.store(ac + U + u, n);
-            nn.store(ac + 2 * U + u, n);
-            ghn.store(ac + 3 * U + u, n);
-          }
-          break;
-        }
-        case Mode::kRnnTanh:
-        case Mode::kRnnRelu: {
-          const Vec h = mode == Mode::kRnnTanh ? pre(0).tanh()
-                                               : at::vec::maximum(pre(0), Vec(T(0)));
-          h.store(ho + u, n);
-          if (ac) h.store(ac + u, n);
-          break;
-        }
-      }
-    }
+    const bool lstm = cfg.mode == Mode::kLstm;
+    FwdSeg<T> seg{gx + b * GU, U, gh + b * GU, U, nullptr, U,
+                  lstm ? c_prev + b * U : nullptr, h_prev + b * Hh,
+                  lstm ? c_out + b * U : nullptr, h_out + b * U,
+                  acts ? acts + b * AW : nullptr};
+    forward_segment(cfg.mode, seg, U, !lens || a.step < lens[b], a.projected);
   });
 }
 
 template <typename T>
 void cell_backward_typed(const Config& cfg, const CellBackward& a) {
-  using Vec = Vectorized<T>;
-  constexpr int64_t kV = Vec::size();
   const int64_t U = cfg.U, GU = cfg.GU(), Hh = cfg.Hh, AW = cfg.act_width();
-  const T *acts = ptr<T>(a.acts), *c_cur = ptr<T>(a.c_cur), *c_prev = ptr<T>(a.c_prev);
-  const T *h_prev = ptr<T>(a.h_prev), *dh = ptr<T>(a.dh), *dc = ptr<T>(a.dc);
   const int* lens = a.lens.defined() ? a.lens.data_ptr<int>() : nullptr;
-  T *dgx = mut<T>(a.dgx), *dgh = mut<T>(a.dgh), *dc_prev = mut<T>(a.dc_prev);
-  T* carry = mut<T>(a.dh_carry);
-  const Mode mode = cfg.mode;
-  const int64_t step = a.step;
-  const Vec one(T(1)), zero(T(0));
+  const bool lstm = cfg.mode == Mode::kLstm, gru = cfg.mode == Mode::kGru;
   for_rows(cfg.B, GU, [&](int64_t b) {
-    T* gx = dgx + b * GU;
-    const T* ac = acts + b * AW;
-    const T* dhb = dh + b * U;  // with projection dh is [B, U]; otherwise Hh == U
-    if (lens && step >= lens[b]) {
-      std::fill(gx, gx + GU, T(0));
-      if (mode == Mode::kGru) std::fill(dgh + b * GU, dgh + (b + 1) * GU, T(0));
-      if (mode == Mode::kLstm) copy_row(dc_prev + b * U, dc + b * U, U);
-      if (carry) copy_row(carry + b * Hh, dhb, Hh);
-      return;
-    }
-    for (int64_t u = 0; u < U; u += kV) {
-      const int64_t n = std::min(kV, U - u);
-      const Vec g_h = Vec::loadu(dhb + u, n);
-      switch (mode) {
-        case Mode::kLstm: {
-          const Vec i = Vec::loadu(ac + u, n), f = Vec::loadu(ac + U + u, n),
-                    g = Vec::loadu(ac + 2 * U + u, n), o = Vec::loadu(ac + 3 * U + u, n);
-          const Vec tc = Vec::loadu(c_cur + b * U + u, n).tanh();
-          const Vec dct = Vec::loadu(dc + b * U + u, n) + g_h * o * (one - tc * tc);
-          (dct * i * (one - i) * g).store(gx + u, n);
-          (dct * f * (one - f) * Vec::loadu(c_prev + b * U + u, n)).store(gx + U + u, n);
-          (dct * i * (one - g * g)).store(gx + 2 * U + u, n);
-          (g_h * tc * o * (one - o)).store(gx + 3 * U + u, n);
-          (dct * f).store(dc_prev + b * U + u, n);
-          if (carry) zero.store(carry + b * Hh + u, n);
-          break;
-        }
-        case Mode::kGru: {
-          const Vec rg = Vec::loadu(ac + u, n), z = Vec::loadu(ac + U + u, n),
-                    nn = Vec::loadu(ac + 2 * U + u, n), ghn = Vec::loadu(ac + 3 * U + u, n);
-          const Vec h = Vec::loadu(h_prev + b * Hh + u, n);
-          const Vec dn = g_h * (one - z) * (one - nn * nn);
-          const Vec dz = g_h * (h - nn) * z * (one - z);
-          const Vec dr = dn * ghn * rg * (one - rg);
-          T* gr = dgh + b * GU;
-          dr.store(gx + u, n);
-          dz.store(gx + U + u, n);
-          dn.store(gx + 2 * U + u, n);
-          dr.store(gr + u, n);
-          dz.store(gr + U + u, n);
-          (dn * rg).store(gr + 2 * U + u, n);
-          (g_h * z).store(carry + b * Hh + u, n);
-          break;
-        }
-        case Mode::kRnnTanh: {
-          const Vec h = Vec::loadu(ac + u, n);
-          (g_h * (one - h * h)).store(gx + u, n);
-          zero.store(carry + b * Hh + u, n);
-          break;
-        }
-        case Mode::kRnnRelu: {
-          const Vec h = Vec::loadu(ac + u, n);
-          Vec::blendv(zero, g_h, h > zero).store(gx + u, n);
-          zero.store(carry + b * Hh + u, n);
-          break;
-        }
-      }
-    }
+    // with projection dh is [B, U]; otherwise Hh == U
+    BwdSeg<T> seg{ptr<T>(a.acts) + b * AW, U,
+                  lstm ? ptr<T>(a.c_cur) + b * U : nullptr,
+                  lstm ? ptr<T>(a.c_prev) + b * U : nullptr,
+                  ptr<T>(a.h_prev) + b * Hh, ptr<T>(a.dh) + b * U,
+                  lstm ? ptr<T>(a.dc) + b * U : nullptr, mut<T>(a.dgx) + b * GU,
+                  gru ? mut<T>(a.dgh) + b * GU : nullptr,
+                  lstm ? mut<T>(a.dc_prev) + b * U : nullptr,
+                  a.dh_carry.defined() ? mut<T>(a.dh_carry) + b * Hh : nullptr};
+    backward_segment(cfg.mode, seg, U, !lens || a.step < lens[b]);
   });
 }
 
