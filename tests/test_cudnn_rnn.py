@@ -57,6 +57,12 @@ CASES = [
     Case("rnn_tanh", 2, 2, time_major=False),
     Case("rnn_relu", 1, 1, lengths=[6, 5, 4, 1]),
     Case("rnn_relu", 2, 2, time_major=False, lengths=[1, 2, 6, 3]),
+    # num_units a multiple of 8: float32 takes the CPU's fused-step path (blocked brgemm + cell)
+    Case("lstm", 2, 2, time_major=False, lengths=[6, 3, 1, 5], U=16),
+    Case("lstm", 1, 1, U=24, B=5, lengths=[6, 6, 2, 6, 4]),
+    Case("gru", 2, 2, lengths=[6, 1, 4, 2], U=8),
+    Case("rnn_tanh", 1, 2, time_major=False, lengths=[2, 6, 6, 5], U=16),
+    Case("rnn_relu", 2, 1, U=8),
 ]
 
 

@@ -126,9 +126,27 @@ struct CellBackward {
   // with projection (the driver carries it in projected space).
   at::Tensor dh_carry;
 };
+// All T steps of one direction at once (processing order), for devices that fuse the step's
+// GEMM with its cell (no projection). The driver falls back to the per-step calls when the
+// hook is absent or returns false.
+struct DirectionForward {
+  at::Tensor gx;              // [T, B, GU]
+  at::Tensor R, bR;           // [GU, Hh], [GU]
+  at::Tensor h0, c0, lens;    // [B, Hh], [B, U] (LSTM), [B] int32 or undefined
+  at::Tensor acts, c, h;      // out: [T, B, act_width] (or undefined), [T, B, U], [T, B, Hh]
+};
+struct DirectionBackward {
+  at::Tensor acts, c, h, h0, c0, R, lens;  // as saved by the forward
+  at::Tensor dy;              // [T, B, Hh], zero past each length
+  at::Tensor dh_n, dc_n;      // [B, Hh], [B, U]
+  at::Tensor dgx, dgh;        // out [T, B, GU] (dgh: GRU, else == dgx)
+  at::Tensor dh0, dc0;        // out [B, Hh], [B, U]
+};
 struct CellKernels {
   void (*forward)(const Config&, const CellForward&);
   void (*backward)(const Config&, const CellBackward&);
+  bool (*forward_direction)(const Config&, const DirectionForward&) = nullptr;
+  bool (*backward_direction)(const Config&, const DirectionBackward&) = nullptr;
 };
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

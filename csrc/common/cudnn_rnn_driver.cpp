@@ -169,7 +169,11 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
       const LayerParams& lp = lps[p];
       const Reserve::Pseudo& sv = saved[d];
       const Tensor gx = steps.reorder(project_inputs(cfg, lp, x, layer), d).contiguous();
-      for (int64_t s = 0; s < T; ++s) {
+      const DirectionForward fused{gx,      lp.R,   lp.bR, h0[p],
+                                   cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c,
+                                   sv.h};
+      const bool done = cells.forward_direction && cells.forward_direction(cfg, fused);
+      for (int64_t s = 0; s < T && !done; ++s) {
         const Tensor h_prev = s ? sv.h[s - 1] : h0[p];
         at::addmm_out(gh, lp.bR, h_prev, lp.R.t());
         CellForward a;
@@ -332,9 +336,14 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       Tensor dgx = at::empty({T, B, cfg.GU()}, opts);
       Tensor dgh = cfg.mode == Mode::kGru ? at::empty({T, B, cfg.GU()}, opts) : dgx;
       Tensor dhp = cfg.P > 0 ? at::empty({T, B, Hh}, opts) : Tensor();
+      const DirectionBackward fused{sv.acts, sv.c, sv.h, h0[p], cfg.lstm() ? c0[p] : Tensor(),
+                                    lp.R, steps.lens, dy, dh_n[p],
+                                    cfg.lstm() ? dc_n[p] : Tensor(), dgx, dgh, dh0[p],
+                                    cfg.lstm() ? dc0[p] : Tensor()};
+      const bool done = cells.backward_direction && cells.backward_direction(cfg, fused);
       dh.copy_(dh_n[p]);
       if (cfg.lstm()) dc.copy_(dc_n[p]);
-      for (int64_t s = T - 1; s >= 0; --s) {
+      for (int64_t s = T - 1; s >= 0 && !done; --s) {
         at::add_out(dh_total, dh, dy[s]);
         CellBackward b;
         b.acts = sv.acts[s];
@@ -371,8 +380,10 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
           at::addmm_out(dh, carry, dgh[s], lp.R);
         if (cfg.lstm()) std::swap(dc, dc_prev);
       }
-      dh0[p].copy_(dh);
-      if (cfg.lstm()) dc0[p].copy_(dc);
+      if (!done) {
+        dh0[p].copy_(dh);
+        if (cfg.lstm()) dc0[p].copy_(dc);
+      }
       if (T == 0 || B == 0) continue;
       // Weight gradients over all steps at once.
       const int64_t TB = T * B;

@@ -2,12 +2,15 @@
 // saved activations) and its gradient, vectorised over units with at::vec and parallel over
 // batch rows; the GEMMs and the step loop are in csrc/common/cudnn_rnn_driver.cpp.
 #include <ATen/Dispatch.h>
+#include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "../common/cudnn_rnn.h"
 
@@ -244,7 +247,135 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
                              [&] { cell_backward_typed<scalar_t>(cfg, a); });
 }
 
+// ---- Fused steps (float32, no projection) ----------------------------------------------------
+// Per step, one parallel region over blocks of `ub` units: the recurrent GEMM of the block's
+// gate columns (oneDNN's brgemm micro-kernel on weights packed once per call, so the block
+// stays in cache) followed at once by the block's cell. This replaces a GEMM call (MKL packs
+// R on every call), a bias copy and a second parallel region per step.
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+bool brgemm_usable() {
+  static const bool ok = [] {
+    try {  // oneDNN's ukernels need a supported CPU; cpublas raises otherwise
+      float a[16] = {0}, b[16] = {0}, c[16];
+      at::native::cpublas::brgemm(1, 16, 1, 1, 16, 16, false, a, b, c);
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+int64_t unit_block(const Config& cfg) {
+  if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
+  for (int64_t ub : {16, 8})
+    if (cfg.U % ub == 0) return ub;
+  return 0;
+}
+
+bool forward_direction(const Config& cfg, const DirectionForward& d) {
+  const int64_t ub = d.gx.scalar_type() == at::kFloat ? unit_block(cfg) : 0;
+  if (ub == 0) return false;
+  const int64_t G = cfg.G, U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
+  const int64_t nblk = U / ub, N = G * ub;
+  // R [GU, U] -> per block j the [K = U, N = G*ub] operand: Rp[j][k][g][ul] = R[g*U + j*ub + ul][k]
+  const at::Tensor Rp = d.R.view({G, nblk, ub, U}).permute({1, 3, 0, 2}).contiguous();
+  const float *rp = Rp.data_ptr<float>(), *gx = d.gx.data_ptr<float>(),
+              *bR = d.bR.data_ptr<float>();
+  const int* lens = d.lens.defined() ? d.lens.data_ptr<int>() : nullptr;
+  const bool lstm = cfg.mode == Mode::kLstm;
+  float *hs = d.h.data_ptr<float>(), *cs = lstm ? d.c.data_ptr<float>() : nullptr;
+  float* acts = d.acts.defined() ? d.acts.data_ptr<float>() : nullptr;
+  const float *h0 = d.h0.data_ptr<float>(), *c0 = lstm ? d.c0.data_ptr<float>() : nullptr;
+  for (int64_t s = 0; s < cfg.T; ++s) {
+    const float* h_prev = s ? hs + (s - 1) * B * U : h0;
+    const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
+    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
+      std::vector<float> buf(B * N);
+      for (int64_t j = j0; j < j1; ++j) {
+        at::native::cpublas::brgemm(B, N, U, U, N, N, false, h_prev, rp + j * U * N, buf.data());
+        const int64_t u0 = j * ub;
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t row = (s * B + b);
+          FwdSeg<float> seg{gx + row * GU + u0, U, buf.data() + b * N, ub, bR + u0, U,
+                            lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
+                            lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
+                            acts ? acts + row * AW + u0 : nullptr};
+          forward_segment(cfg.mode, seg, ub, !lens || s < lens[b], false);
+        }
+      }
+    });
+  }
+  return true;
+}
+
+bool backward_direction(const Config& cfg, const DirectionBackward& d) {
+  const int64_t ub = d.dgx.scalar_type() == at::kFloat ? unit_block(cfg) : 0;
+  if (ub == 0) return false;
+  const int64_t G = cfg.G, U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
+  const int64_t nblk = U / ub;
+  // R [GU, U] -> per block j the [K = GU, N = ub] operand of dh_prev = dG R.
+  const at::Tensor Rb = d.R.view({GU, nblk, ub}).permute({1, 0, 2}).contiguous();
+  const float* rb = Rb.data_ptr<float>();
+  const int* lens = d.lens.defined() ? d.lens.data_ptr<int>() : nullptr;
+  const bool lstm = cfg.mode == Mode::kLstm, gru = cfg.mode == Mode::kGru;
+  const float *acts = d.acts.data_ptr<float>(), *hs = d.h.data_ptr<float>();
+  const float *cs = lstm ? d.c.data_ptr<float>() : nullptr, *dy = d.dy.data_ptr<float>();
+  const float *h0 = d.h0.data_ptr<float>(), *c0 = lstm ? d.c0.data_ptr<float>() : nullptr;
+  float *dgx = d.dgx.data_ptr<float>(), *dgh = d.dgh.data_ptr<float>();
+  at::Tensor carry_t = at::empty({B, U}, d.dgx.options());
+  at::Tensor dc_a = lstm ? d.dc_n.contiguous().clone() : at::Tensor();
+  at::Tensor dc_b = lstm ? at::empty({B, U}, d.dgx.options()) : at::Tensor();
+  float* carry = carry_t.data_ptr<float>();
+  const float* dh_n = d.dh_n.data_ptr<float>();
+  for (int64_t s = cfg.T - 1; s >= 0; --s) {
+    const float* dc_in = lstm ? dc_a.data_ptr<float>() : nullptr;
+    float* dc_out = lstm ? dc_b.data_ptr<float>() : nullptr;
+    const float* h_prev = s ? hs + (s - 1) * B * U : h0;
+    const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
+    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
+      std::vector<float> dh(B * ub);
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t u0 = j * ub;
+        // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
+        // step's gate gradients through R plus its direct part (carry).
+        if (s == cfg.T - 1) {
+          for (int64_t b = 0; b < B; ++b) copy_row(dh.data() + b * ub, dh_n + b * U + u0, ub);
+        } else {
+          at::native::cpublas::brgemm(B, ub, GU, GU, ub, ub, false, dgh + (s + 1) * B * GU,
+                                      rb + j * GU * ub, dh.data());
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t u = 0; u < ub; ++u) dh[b * ub + u] += carry[b * U + u0 + u];
+        }
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t row = s * B + b;
+          float* dhb = dh.data() + b * ub;
+          for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
+          BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
+                            lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
+                            lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
+                            gru ? dgh + row * GU + u0 : nullptr,
+                            lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
+          backward_segment(cfg.mode, seg, ub, !lens || s < lens[b]);
+        }
+      }
+    });
+    if (lstm) std::swap(dc_a, dc_b);
+  }
+  // Gradients w.r.t. the initial states: through step 0.
+  at::Tensor dh0 = d.dh0;
+  at::addmm_out(dh0, carry_t, d.dgh[0], d.R);
+  if (lstm) d.dc0.copy_(dc_a);
+  return true;
+}
+#endif
+
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+constexpr CellKernels kCpuCells{&cell_forward, &cell_backward, &forward_direction,
+                                &backward_direction};
+#else
 constexpr CellKernels kCpuCells{&cell_forward, &cell_backward};
+#endif
 
 ForwardResult cudnn_rnn_v3_cpu(const at::Tensor& input, const at::Tensor& input_h,
                                const at::Tensor& input_c, const at::Tensor& params,
