@@ -147,7 +147,15 @@ struct CellKernels {
   void (*backward)(const Config&, const CellBackward&);
   bool (*forward_direction)(const Config&, const DirectionForward&) = nullptr;
   bool (*backward_direction)(const Config&, const DirectionBackward&) = nullptr;
+  // Optional GEMM for the batched products: out (+)= a @ b (+ bias on every row), 2-D, any
+  // strides for a and b; false when it does not apply (the driver then uses ATen).
+  bool (*matmul)(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                 const at::Tensor& out, bool accumulate) = nullptr;
 };
+
+// out (+)= a @ b (+ bias) through the device's GEMM hook, or ATen.
+void matmul_into(const CellKernels& k, const at::Tensor& out, const at::Tensor& a,
+                 const at::Tensor& b, bool accumulate, const at::Tensor& bias = at::Tensor());
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 ForwardResult forward(const at::Tensor& input, const at::Tensor& input_h,

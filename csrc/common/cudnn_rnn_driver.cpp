@@ -111,12 +111,14 @@ at::Generator dropout_generator(int64_t seed, int64_t seed2) {
 }
 
 // The input of every step, projected: W x + bW (skip_input: x + bW), [T, B, GU].
-Tensor project_inputs(const Config& cfg, const LayerParams& lp, const Tensor& x, int64_t layer) {
+Tensor project_inputs(const Config& cfg, const LayerParams& lp, const Tensor& x, int64_t layer,
+                      const CellKernels& cells) {
   const int64_t TB = cfg.T * cfg.B;
   if (!cfg.has_input_weights(layer))
     return (x.view({TB, 1, cfg.U}) + lp.bW.view({1, cfg.G, cfg.U})).view({cfg.T, cfg.B, cfg.GU()});
-  return at::addmm(lp.bW, x.view({TB, cfg.in_width(layer)}), lp.W.t())
-      .view({cfg.T, cfg.B, cfg.GU()});
+  Tensor gx = at::empty({TB, cfg.GU()}, x.options());
+  matmul_into(cells, gx, x.view({TB, cfg.in_width(layer)}), lp.W.t(), false, lp.bW);
+  return gx.view({cfg.T, cfg.B, cfg.GU()});
 }
 
 Tensor state_view(const Tensor& t, int64_t LD, int64_t B, int64_t width, at::ScalarType A) {
@@ -126,6 +128,21 @@ Tensor state_view(const Tensor& t, int64_t LD, int64_t B, int64_t width, at::Sca
 }
 
 }  // namespace
+
+void matmul_into(const CellKernels& k, const Tensor& out, const Tensor& a, const Tensor& b,
+                 bool accumulate, const Tensor& bias) {
+  if (k.matmul && k.matmul(a, b, bias, out, accumulate)) return;
+  Tensor o = out;
+  if (!accumulate) {
+    if (bias.defined())
+      o.copy_(bias.expand_as(o));
+    else
+      o.zero_();
+  } else if (bias.defined()) {
+    o.add_(bias);
+  }
+  o.addmm_(a, b);
+}
 
 ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& input_c,
                       const Tensor& params, const Tensor& sequence_lengths,
@@ -168,7 +185,7 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
       const int64_t p = layer * cfg.D + d;
       const LayerParams& lp = lps[p];
       const Reserve::Pseudo& sv = saved[d];
-      const Tensor gx = steps.reorder(project_inputs(cfg, lp, x, layer), d).contiguous();
+      const Tensor gx = steps.reorder(project_inputs(cfg, lp, x, layer, cells), d).contiguous();
       const DirectionForward fused{gx,      lp.R,   lp.bR, h0[p],
                                    cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c,
                                    sv.h};
@@ -389,16 +406,17 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       const int64_t TB = T * B;
       const Tensor dgx_t = steps.reorder(dgx, d).reshape({TB, cfg.GU()});
       if (cfg.has_input_weights(layer)) {
-        g.W.addmm_(dgx_t.t(), x_l.reshape({TB, in_w}));
-        d_in.view({TB, in_w}).addmm_(dgx_t, lp.W);
+        matmul_into(cells, g.W, dgx_t.t(), x_l.reshape({TB, in_w}), false);
+        matmul_into(cells, d_in.view({TB, in_w}), dgx_t, lp.W, true);
       } else {
         d_in.add_(dgx_t.view({T, B, cfg.G, U}).sum(2));
       }
       g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
-      g.R.addmm_(dgh[0].t(), h0[p]);
-      if (T > 1)
-        g.R.addmm_(dgh.narrow(0, 1, T - 1).reshape({(T - 1) * B, cfg.GU()}).t(),
-                   sv.h.narrow(0, 0, T - 1).reshape({(T - 1) * B, Hh}));
+      // dR = sum_s dgh_s^T h_{s-1}: the hidden states shifted by one step, h0 first.
+      const Tensor h_prev_all = T > 1 ? at::cat({h0[p].unsqueeze(0), sv.h.narrow(0, 0, T - 1)})
+                                      : h0[p].unsqueeze(0);
+      matmul_into(cells, g.R, dgh.reshape({TB, cfg.GU()}).t(), h_prev_all.reshape({TB, Hh}),
+                  false);
       g.bR.copy_(dgh.view({TB, cfg.GU()}).sum(0));
       if (cfg.P > 0) {
         const Tensor m_all = sv.acts.narrow(2, 3 * U, U) * sv.c.tanh();

@@ -368,11 +368,79 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   if (lstm) d.dc0.copy_(dc_a);
   return true;
 }
+
+// C[M,N] (+)= A[M,K] B[K,N] (+ bias[N] on every row), row-major with leading dimensions, in
+// 64x64 tiles over the threads, K in chunks that keep a tile's operands in L2. oneDNN's
+// brgemm runs near the core's peak here where MKL's generic path for this CPU does not.
+void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                int64_t ldb, float* C, int64_t ldc, bool add_C, const float* bias) {
+  constexpr int64_t kTile = 64, kChunk = 512;
+  const int64_t tm = (M + kTile - 1) / kTile, tn = (N + kTile - 1) / kTile;
+  at::parallel_for(0, tm * tn, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i = t / tn * kTile, j = t % tn * kTile;
+      const int64_t m = std::min(kTile, M - i), n = std::min(kTile, N - j);
+      float* c = C + i * ldc + j;
+      bool add = add_C;
+      if (bias) {
+        for (int64_t r = 0; r < m; ++r) {
+          float* row = c + r * ldc;
+          if (add) {
+            for (int64_t q = 0; q < n; ++q) row[q] += bias[j + q];
+          } else {
+            copy_row(row, bias + j, n);
+          }
+        }
+        add = true;
+      }
+      if (K == 0 && !add)
+        for (int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, 0.f);
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        at::native::cpublas::brgemm(m, n, std::min(kChunk, K - k0), lda, ldb, ldc,
+                                    add || k0 > 0, A + i * lda + k0, B + k0 * ldb + j, c);
+      }
+    }
+  });
+}
+
+bool row_major(const at::Tensor& t) {
+  return t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) && t.stride(0) >= t.size(1);
+}
+
+// The batched GEMMs of the driver for float32: out (+)= a @ b (+ bias). A transposed `a` (the
+// weight gradients' dG^T) is not copied: out^T = b^T a^T is computed into a scratch buffer
+// when transposing b and the result costs less than transposing a.
+bool cpu_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                const at::Tensor& out, bool accumulate) {
+  if (out.scalar_type() != at::kFloat || !brgemm_usable() || !row_major(out)) return false;
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (M == 0 || N == 0) return true;
+  if (!bias.defined() && !row_major(a) && row_major(a.t()) && M * K > K * N + M * N) {
+    const at::Tensor bt = b.t().contiguous();  // [N, K]
+    const at::Tensor at_ = a.t();              // [K, M], row-major
+    at::Tensor tmp = at::empty({N, M}, out.options());
+    blocked_mm(N, M, K, bt.data_ptr<float>(), bt.stride(0), at_.data_ptr<float>(),
+               at_.stride(0), tmp.data_ptr<float>(), M, false, nullptr);
+    at::Tensor o = out;
+    if (accumulate)
+      o.add_(tmp.t());
+    else
+      o.copy_(tmp.t());
+    return true;
+  }
+  const at::Tensor A = row_major(a) ? a : a.contiguous();
+  const at::Tensor Bm = row_major(b) ? b : b.contiguous();
+  const at::Tensor bc = bias.defined() ? bias.contiguous() : at::Tensor();
+  blocked_mm(M, N, K, A.data_ptr<float>(), A.stride(0), Bm.data_ptr<float>(), Bm.stride(0),
+             out.data_ptr<float>(), out.stride(0), accumulate,
+             bc.defined() ? bc.data_ptr<float>() : nullptr);
+  return true;
+}
 #endif
 
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 constexpr CellKernels kCpuCells{&cell_forward, &cell_backward, &forward_direction,
-                                &backward_direction};
+                                &backward_direction, &cpu_matmul};
 #else
 constexpr CellKernels kCpuCells{&cell_forward, &cell_backward};
 #endif
