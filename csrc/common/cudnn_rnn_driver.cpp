@@ -185,7 +185,9 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
       const int64_t p = layer * cfg.D + d;
       const LayerParams& lp = lps[p];
       const Reserve::Pseudo& sv = saved[d];
-      const Tensor gx = steps.reorder(project_inputs(cfg, lp, x, layer, cells), d).contiguous();
+      // Reorder the (narrower) input rather than its projection.
+      const Tensor gx =
+          project_inputs(cfg, lp, d ? steps.reorder(x, d).contiguous() : x, layer, cells);
       const DirectionForward fused{gx,      lp.R,   lp.bR, h0[p],
                                    cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c,
                                    sv.h};
@@ -309,7 +311,8 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
   const Tensor c0 = cfg.lstm() ? state_view(input_c, LD, B, U, A) : Tensor();
   const Tensor w = params.to(A).contiguous();
   const auto lps = layer_params(cfg, w);
-  Tensor dw = at::zeros_like(w);
+  // Every region of the gradient is written once below when there are steps; zeros otherwise.
+  Tensor dw = T > 0 && B > 0 ? at::empty_like(w) : at::zeros_like(w);
   const auto dlps = layer_params(cfg, dw);
   const Steps steps(cfg, sequence_lengths, opts);
   const Tensor flat = reserve_space.contiguous();
@@ -342,7 +345,9 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
     Tensor x_l = layer == 0 ? x
                             : (use_dropout ? layer_out[layer - 1] * layer_mask[layer - 1]
                                            : layer_out[layer - 1]);
-    Tensor d_in = at::zeros({T, B, in_w}, opts);
+    // The first direction writes d_in, the second adds to it (skip_input adds from zero).
+    const bool skip = !cfg.has_input_weights(layer);
+    Tensor d_in = skip ? at::zeros({T, B, in_w}, opts) : at::empty({T, B, in_w}, opts);
     d_out = steps.mask_valid(d_out);  // output_backprop past each length is ignored
     for (int64_t d = 0; d < cfg.D; ++d) {
       const int64_t p = layer * cfg.D + d;
@@ -404,12 +409,21 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       if (T == 0 || B == 0) continue;
       // Weight gradients over all steps at once.
       const int64_t TB = T * B;
-      const Tensor dgx_t = steps.reorder(dgx, d).reshape({TB, cfg.GU()});
+      // In processing order: the reverse direction reorders the (narrower) layer input and
+      // its gradient, not dG.
+      const Tensor dgx_p = dgx.view({TB, cfg.GU()});
       if (cfg.has_input_weights(layer)) {
-        matmul_into(cells, g.W, dgx_t.t(), x_l.reshape({TB, in_w}), false);
-        matmul_into(cells, d_in.view({TB, in_w}), dgx_t, lp.W, true);
+        const Tensor x_p = d ? steps.reorder(x_l, d).contiguous() : x_l;
+        matmul_into(cells, g.W, dgx_p.t(), x_p.reshape({TB, in_w}), false);
+        if (d == 0) {
+          matmul_into(cells, d_in.view({TB, in_w}), dgx_p, lp.W, false);
+        } else {
+          Tensor d_in_p = at::empty({T, B, in_w}, opts);
+          matmul_into(cells, d_in_p.view({TB, in_w}), dgx_p, lp.W, false);
+          d_in.add_(steps.reorder(d_in_p, d));
+        }
       } else {
-        d_in.add_(dgx_t.view({T, B, cfg.G, U}).sum(2));
+        d_in.add_(steps.reorder(dgx.view({T, B, cfg.G, U}).sum(2), d));
       }
       g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
       // dR = sum_s dgh_s^T h_{s-1}: the hidden states shifted by one step, h0 first.
@@ -420,7 +434,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       g.bR.copy_(dgh.view({TB, cfg.GU()}).sum(0));
       if (cfg.P > 0) {
         const Tensor m_all = sv.acts.narrow(2, 3 * U, U) * sv.c.tanh();
-        g.Wp.addmm_(dhp.view({TB, Hh}).t(), m_all.reshape({TB, U}));
+        matmul_into(cells, g.Wp, dhp.view({TB, Hh}).t(), m_all.reshape({TB, U}), false);
       }
     }
     if (layer > 0)
