@@ -330,17 +330,9 @@ torch.library.register_autograd("tfgrads::cudnn_rnn_params_to_canonical_v2", _p2
 # and params through the recurrence; output/output_h/output_c only fix shapes.
 def _rnn_bwd_setup_context(ctx, inputs, output):
     (x, h, c, p, lengths, _out, _oh, _oc, dy, dh, dc, reserve, _host, rnn_mode, input_mode,
-     direction, dropout, _seed, _seed2, num_proj, time_major) = _pad_defaults(inputs)
+     direction, dropout, _seed, _seed2, num_proj, time_major) = inputs
     ctx.save_for_backward(x, h, c, p, lengths, dy, dh, dc, reserve)
     ctx.attrs = (rnn_mode, input_mode, direction, dropout, num_proj, time_major)
-
-
-_RNN_BWD_DEFAULTS = ("lstm", "linear_input", "unidirectional", 0.0, 0, 0, 0, True)
-
-
-def _pad_defaults(inputs):
-    n = len(inputs)
-    return tuple(inputs) + _RNN_BWD_DEFAULTS[n - 13:] if n < 21 else tuple(inputs)
 
 
 def _rnn_bwd_backward(ctx, g_dx, g_dh, g_dc, g_dp):
