@@ -207,7 +207,8 @@ class Tagger(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.rnn = T.nn.CudnnLSTM(2, 6, 4, direction="bidirectional", time_major=False)
+        self.rnn = T.nn.CudnnLSTM(2, 6, direction="bidirectional", input_size=4,
+                              time_major=False)
         self.head = torch.nn.Linear(12, 3)
 
     def forward(self, x, lengths):

@@ -469,7 +469,8 @@ def test_module_from_and_to_torch(cls, torch_cls, kw):
 
 
 def test_module_training_eval_and_canonical_weights():
-    layer = T.nn.CudnnLSTM(2, 5, 3, direction="bidirectional", dropout=0.5, seed=4)
+    layer = T.nn.CudnnLSTM(2, 5, direction="bidirectional", dropout=0.5, seed=4,
+                             input_size=3)
     w, b = layer.canonical_weights()
     assert all(torch.equal(t, torch.zeros_like(t)) for t in b)  # TF's zero bias init
     assert w[0].abs().max() <= (6 / (3 + 5)) ** 0.5  # Glorot-uniform bound

@@ -67,7 +67,7 @@ def test_module_keras_weights_round_trip(tf, mode):
     cls = {"lstm": T.nn.CudnnLSTM, "gru": T.nn.CudnnGRU, "rnn_tanh": T.nn.CudnnRNNTanh}[mode]
     g = torch.Generator().manual_seed(5)
     kernel, rec, bias = _weights(mode, g)
-    layer = cls(1, U, I, time_major=False, dtype=torch.float64)
+    layer = cls(1, U, input_size=I, time_major=False, dtype=torch.float64)
     layer.set_keras_weights(kernel, rec, bias)
     k2, r2, b2 = layer.keras_weights()
     assert torch.equal(k2, kernel) and torch.equal(r2, rec)
@@ -79,7 +79,7 @@ def test_module_keras_weights_round_trip(tf, mode):
                           (torch.zeros(B, T_, U), *zeros), *zeros)
     assert rel_err(layer(x)[0], k_out) <= 1e-5
     with pytest.raises(ValueError, match="Keras layers hold one unidirectional"):
-        cls(2, U, I).keras_weights()
+        cls(2, U, input_size=I).keras_weights()
 
 
 def test_tf_shape_function_rejects_the_cve_2021_41221_poc_and_so_do_we(tf):

@@ -38,9 +38,11 @@ class _CudnnRNN(torch.nn.Module):
     _rnn_mode = None
     _torch_class = None  # (torch.nn class, nonlinearity or None)
 
-    def __init__(self, num_layers, num_units, input_size, input_mode="linear_input",
-                 direction="unidirectional", dropout=0.0, seed=None, time_major=True,
-                 num_proj=0, device=None, dtype=None):
+    # TF's positional arguments (num_layers, num_units, input_mode, direction, dropout, seed);
+    # TF infers the input size on the first call, here it is a required keyword.
+    def __init__(self, num_layers, num_units, input_mode="linear_input",
+                 direction="unidirectional", dropout=0.0, seed=None, *, input_size,
+                 time_major=True, num_proj=0, device=None, dtype=None):
         super().__init__()
         name = type(self).__name__
         self._cfg = RnnConfig(name, self._rnn_mode, input_mode, direction, int(num_layers),
@@ -153,7 +155,7 @@ class _CudnnRNN(torch.nn.Module):
                             + (f" with nonlinearity='{nonlinearity}'" if nonlinearity else "")
                             + f", got {module}")
         p0 = next(module.parameters())
-        layer = cls(module.num_layers, module.hidden_size, module.input_size,
+        layer = cls(module.num_layers, module.hidden_size, input_size=module.input_size,
                     direction="bidirectional" if module.bidirectional else "unidirectional",
                     dropout=module.dropout, time_major=not module.batch_first,
                     device=p0.device, dtype=p0.dtype,

@@ -114,7 +114,7 @@ def _timings(tf):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
     T_, B, I, U = 20, 16, 32, 64
-    layer = T.nn.CudnnLSTM(1, U, I, time_major=False)
+    layer = T.nn.CudnnLSTM(1, U, input_size=I, time_major=False)
     x = torch.randn(B, T_, I, requires_grad=True)
 
     def ours():
