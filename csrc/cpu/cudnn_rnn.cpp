@@ -20,10 +20,39 @@ namespace {
 
 using at::vec::Vectorized;
 
+// The gate nonlinearities dominate the cell kernels, so they use fast forms: exp_u20 (a few
+// ulp) for the sigmoid, and for float tanh Eigen's rational approximation, the one TF's own
+// CPU kernels evaluate (clamped to +-7.9, odd degree-13 over even degree-6 polynomial; within a
+// few ulp). float64 keeps Sleef's tanh.
 template <typename T>
 Vectorized<T> sigmoid(const Vectorized<T>& x) {
   const Vectorized<T> one(T(1));
-  return one / (one + x.neg().exp());
+  return one / (one + x.neg().exp_u20());
+}
+
+template <typename T>
+Vectorized<T> fast_tanh(const Vectorized<T>& x) {
+  return x.tanh();
+}
+
+template <>
+Vectorized<float> fast_tanh(const Vectorized<float>& a) {
+  using Vec = Vectorized<float>;
+  const Vec clamp(7.90531110763549805f);
+  const Vec x = at::vec::minimum(at::vec::maximum(a, -clamp), clamp);
+  const Vec x2 = x * x;
+  Vec p = at::vec::fmadd(x2, Vec(-2.76076847742355e-16f), Vec(2.00018790482477e-13f));
+  p = at::vec::fmadd(x2, p, Vec(-8.60467152213735e-11f));
+  p = at::vec::fmadd(x2, p, Vec(5.12229709037114e-08f));
+  p = at::vec::fmadd(x2, p, Vec(1.48572235717979e-05f));
+  p = at::vec::fmadd(x2, p, Vec(6.37261928875436e-04f));
+  p = at::vec::fmadd(x2, p, Vec(4.89352455891786e-03f));
+  p = x * p;
+  Vec q = at::vec::fmadd(x2, Vec(1.19825839466702e-06f), Vec(1.18534705686654e-04f));
+  q = at::vec::fmadd(x2, q, Vec(2.26843463243900e-03f));
+  q = at::vec::fmadd(x2, q, Vec(4.89352518554385e-03f));
+  // |a| < 4e-4: tanh(a) == a to float precision (and keeps signed zeros and tiny values exact).
+  return Vec::blendv(p / q, a, a.abs() < Vec(0.0004f));
 }
 
 // Calls f(b) for every batch row; rows are independent, so split them over threads once a
@@ -86,11 +115,11 @@ void forward_segment(Mode mode, const FwdSeg<T>& p, int64_t n, bool active, bool
     T* ac = p.acts ? p.acts + u : nullptr;
     switch (mode) {
       case Mode::kLstm: {
-        const Vec i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = pre(2).tanh(),
+        const Vec i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = fast_tanh(pre(2)),
                   o = sigmoid(pre(3));
         const Vec c = f * Vec::loadu(p.c_prev + u, m) + i * g;
         c.store(p.c_out + u, m);
-        (o * c.tanh()).store(p.h_out + u, m);
+        (o * fast_tanh(c)).store(p.h_out + u, m);
         if (ac) {
           i.store(ac, m);
           f.store(ac + U, m);
@@ -102,7 +131,7 @@ void forward_segment(Mode mode, const FwdSeg<T>& p, int64_t n, bool active, bool
       case Mode::kGru: {
         const Vec rg = sigmoid(pre(0)), z = sigmoid(pre(1));
         const Vec ghn = rec(2);
-        const Vec nn = (Vec::loadu(p.x + 2 * p.x_gate + u, m) + rg * ghn).tanh();
+        const Vec nn = fast_tanh(Vec::loadu(p.x + 2 * p.x_gate + u, m) + rg * ghn);
         const Vec h = Vec::loadu(p.h_prev + u, m);
         (nn + z * (h - nn)).store(p.h_out + u, m);  // (1-z) n + z h
         if (ac) {
@@ -115,7 +144,7 @@ void forward_segment(Mode mode, const FwdSeg<T>& p, int64_t n, bool active, bool
       }
       case Mode::kRnnTanh:
       case Mode::kRnnRelu: {
-        const Vec h = mode == Mode::kRnnTanh ? pre(0).tanh()
+        const Vec h = mode == Mode::kRnnTanh ? fast_tanh(pre(0))
                                              : at::vec::maximum(pre(0), Vec(T(0)));
         h.store(p.h_out + u, m);
         if (ac) h.store(ac, m);
@@ -158,7 +187,7 @@ void backward_segment(Mode mode, const BwdSeg<T>& p, int64_t n, bool active) {
       case Mode::kLstm: {
         const Vec i = Vec::loadu(ac, m), f = Vec::loadu(ac + U, m),
                   g = Vec::loadu(ac + 2 * U, m), o = Vec::loadu(ac + 3 * U, m);
-        const Vec tc = Vec::loadu(p.c_cur + u, m).tanh();
+        const Vec tc = fast_tanh(Vec::loadu(p.c_cur + u, m));
         const Vec dct = Vec::loadu(p.dc + u, m) + g_h * o * (one - tc * tc);
         (dct * i * (one - i) * g).store(gx, m);
         (dct * f * (one - f) * Vec::loadu(p.c_prev + u, m)).store(gx + U, m);
