@@ -8,6 +8,8 @@
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
 
+#include <vector>
+
 #include "checks.h"
 #include "cudnn_rnn.h"
 
@@ -16,6 +18,27 @@ namespace cudnn_rnn {
 namespace {
 
 using at::Tensor;
+
+// Large temporaries that never leave a call (projected inputs, gate gradients). On the CPU
+// they come from a small per-thread pool kept between calls, as oneDNN keeps its RNN
+// scratchpad: fresh multi-megabyte buffers cost a page fault per 4 KiB on every call, which was
+// a quarter of a small LSTM's time. A buffer is reused once nothing refers to its storage;
+// the pool holds at most kScratchBytes per thread (larger needs are allocated as usual).
+Tensor scratch_empty(c10::IntArrayRef shape, const at::TensorOptions& opts) {
+  int64_t n = 1;
+  for (auto v : shape) n *= v;
+  if (!opts.device().is_cpu()) return at::empty(shape, opts);
+  constexpr size_t kScratchBytes = size_t(256) << 20;
+  thread_local std::vector<Tensor> pool;
+  for (const Tensor& t : pool)
+    if (t.scalar_type() == opts.dtype() && t.numel() >= n && t.storage().use_count() == 1)
+      return t.narrow(0, 0, n).view(shape);
+  Tensor fresh = at::empty({n}, opts);
+  size_t held = 0;
+  for (const Tensor& t : pool) held += t.nbytes();
+  if (held + fresh.nbytes() <= kScratchBytes) pool.push_back(fresh);
+  return fresh.view(shape);
+}
 
 at::ScalarType compute_dtype(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
@@ -116,7 +139,7 @@ Tensor project_inputs(const Config& cfg, const LayerParams& lp, const Tensor& x,
   const int64_t TB = cfg.T * cfg.B;
   if (!cfg.has_input_weights(layer))
     return (x.view({TB, 1, cfg.U}) + lp.bW.view({1, cfg.G, cfg.U})).view({cfg.T, cfg.B, cfg.GU()});
-  Tensor gx = at::empty({TB, cfg.GU()}, x.options());
+  Tensor gx = scratch_empty({TB, cfg.GU()}, x.options());
   matmul_into(cells, gx, x.view({TB, cfg.in_width(layer)}), lp.W.t(), false, lp.bW);
   return gx.view({cfg.T, cfg.B, cfg.GU()});
 }
@@ -355,8 +378,8 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       const LayerParams& g = dlps[p];
       const Reserve::Pseudo& sv = saved[p];
       const Tensor dy = steps.reorder(d_out.narrow(2, d * Hh, Hh), d).contiguous();
-      Tensor dgx = at::empty({T, B, cfg.GU()}, opts);
-      Tensor dgh = cfg.mode == Mode::kGru ? at::empty({T, B, cfg.GU()}, opts) : dgx;
+      Tensor dgx = scratch_empty({T, B, cfg.GU()}, opts);
+      Tensor dgh = cfg.mode == Mode::kGru ? scratch_empty({T, B, cfg.GU()}, opts) : dgx;
       Tensor dhp = cfg.P > 0 ? at::empty({T, B, Hh}, opts) : Tensor();
       const DirectionBackward fused{sv.acts, sv.c, sv.h, h0[p], cfg.lstm() ? c0[p] : Tensor(),
                                     lp.R, steps.lens, dy, dh_n[p],
@@ -418,7 +441,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
         if (d == 0) {
           matmul_into(cells, d_in.view({TB, in_w}), dgx_p, lp.W, false);
         } else {
-          Tensor d_in_p = at::empty({T, B, in_w}, opts);
+          Tensor d_in_p = scratch_empty({T, B, in_w}, opts);
           matmul_into(cells, d_in_p.view({TB, in_w}), dgx_p, lp.W, false);
           d_in.add_(steps.reorder(d_in_p, d));
         }
