@@ -6,19 +6,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/native/CPUBlas.h>
-#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <vector>
 
 #include "../common/cudnn_rnn.h"
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 namespace torch_tfgrads {
 namespace cudnn_rnn {
@@ -301,45 +295,6 @@ bool brgemm_usable() {
   return ok;
 }
 
-// Runs body(k, j0, j1, scratch) for steps k = 0 .. steps-1 in order, the blocks [0, nblk) of
-// each step split over the threads, every block of step k done before step k+1 starts. With
-// OpenMP this is one parallel region for all steps and a barrier per step (a fork/join per
-// step cost a sixth of a small LSTM's time); `scratch` is a per-thread buffer of
-// `scratch_floats`.
-template <typename F>
-void for_steps(int64_t steps, int64_t nblk, int64_t scratch_floats, const F& body) {
-#if AT_PARALLEL_OPENMP && defined(_OPENMP)
-  const int nt = static_cast<int>(std::min<int64_t>(at::get_num_threads(), nblk));
-  if (nt > 1 && !at::in_parallel_region()) {
-    std::exception_ptr error;
-#pragma omp parallel num_threads(nt)
-    {
-      std::vector<float> scratch(scratch_floats);
-      const int64_t n = omp_get_num_threads(), tid = omp_get_thread_num();
-      const int64_t chunk = (nblk + n - 1) / n;
-      const int64_t j0 = std::min(nblk, tid * chunk), j1 = std::min(nblk, j0 + chunk);
-      for (int64_t k = 0; k < steps; ++k) {
-        try {
-          if (j0 < j1) body(k, j0, j1, scratch.data());
-        } catch (...) {
-#pragma omp critical(tfgrads_rnn_error)
-          if (!error) error = std::current_exception();
-        }
-#pragma omp barrier
-      }
-    }
-    if (error) std::rethrow_exception(error);
-    return;
-  }
-#endif
-  for (int64_t k = 0; k < steps; ++k) {
-    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
-      std::vector<float> scratch(scratch_floats);
-      body(k, j0, j1, scratch.data());
-    });
-  }
-}
-
 int64_t unit_block(const Config& cfg) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
   for (int64_t ub : {16, 8})
@@ -361,22 +316,25 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
   float *hs = d.h.data_ptr<float>(), *cs = lstm ? d.c.data_ptr<float>() : nullptr;
   float* acts = d.acts.defined() ? d.acts.data_ptr<float>() : nullptr;
   const float *h0 = d.h0.data_ptr<float>(), *c0 = lstm ? d.c0.data_ptr<float>() : nullptr;
-  for_steps(cfg.T, nblk, B * N, [&](int64_t s, int64_t j0, int64_t j1, float* buf) {
+  for (int64_t s = 0; s < cfg.T; ++s) {
     const float* h_prev = s ? hs + (s - 1) * B * U : h0;
     const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
-    for (int64_t j = j0; j < j1; ++j) {
-      at::native::cpublas::brgemm(B, N, U, U, N, N, false, h_prev, rp + j * U * N, buf);
-      const int64_t u0 = j * ub;
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t row = (s * B + b);
-        FwdSeg<float> seg{gx + row * GU + u0, U, buf + b * N, ub, bR + u0, U,
-                          lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
-                          lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
-                          acts ? acts + row * AW + u0 : nullptr};
-        forward_segment(cfg.mode, seg, ub, !lens || s < lens[b], false);
+    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
+      std::vector<float> buf(B * N);
+      for (int64_t j = j0; j < j1; ++j) {
+        at::native::cpublas::brgemm(B, N, U, U, N, N, false, h_prev, rp + j * U * N, buf.data());
+        const int64_t u0 = j * ub;
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t row = (s * B + b);
+          FwdSeg<float> seg{gx + row * GU + u0, U, buf.data() + b * N, ub, bR + u0, U,
+                            lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
+                            lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
+                            acts ? acts + row * AW + u0 : nullptr};
+          forward_segment(cfg.mode, seg, ub, !lens || s < lens[b], false);
+        }
       }
-    }
-  });
+    });
+  }
   return true;
 }
 
@@ -399,42 +357,40 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   at::Tensor dc_b = lstm ? at::empty({B, U}, d.dgx.options()) : at::Tensor();
   float* carry = carry_t.data_ptr<float>();
   const float* dh_n = d.dh_n.data_ptr<float>();
-  // dc ping-pongs between two buffers: step k reads one and writes the other.
-  float* const dc_ptr[2] = {lstm ? dc_a.data_ptr<float>() : nullptr,
-                            lstm ? dc_b.data_ptr<float>() : nullptr};
-  auto dc_buf = [&](int64_t k) { return dc_ptr[k % 2]; };
-  for_steps(cfg.T, nblk, B * ub, [&](int64_t k, int64_t j0, int64_t j1, float* dh) {
-    const int64_t s = cfg.T - 1 - k;
-    const float* dc_in = lstm ? dc_buf(k) : nullptr;
-    float* dc_out = lstm ? dc_buf(k + 1) : nullptr;
+  for (int64_t s = cfg.T - 1; s >= 0; --s) {
+    const float* dc_in = lstm ? dc_a.data_ptr<float>() : nullptr;
+    float* dc_out = lstm ? dc_b.data_ptr<float>() : nullptr;
     const float* h_prev = s ? hs + (s - 1) * B * U : h0;
     const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t u0 = j * ub;
-      // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
-      // step's gate gradients through R plus its direct part (carry).
-      if (s == cfg.T - 1) {
-        for (int64_t b = 0; b < B; ++b) copy_row(dh + b * ub, dh_n + b * U + u0, ub);
-      } else {
-        at::native::cpublas::brgemm(B, ub, GU, GU, ub, ub, false, dgh + (s + 1) * B * GU,
-                                    rb + j * GU * ub, dh);
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t u = 0; u < ub; ++u) dh[b * ub + u] += carry[b * U + u0 + u];
+    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
+      std::vector<float> dh(B * ub);
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t u0 = j * ub;
+        // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
+        // step's gate gradients through R plus its direct part (carry).
+        if (s == cfg.T - 1) {
+          for (int64_t b = 0; b < B; ++b) copy_row(dh.data() + b * ub, dh_n + b * U + u0, ub);
+        } else {
+          at::native::cpublas::brgemm(B, ub, GU, GU, ub, ub, false, dgh + (s + 1) * B * GU,
+                                      rb + j * GU * ub, dh.data());
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t u = 0; u < ub; ++u) dh[b * ub + u] += carry[b * U + u0 + u];
+        }
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t row = s * B + b;
+          float* dhb = dh.data() + b * ub;
+          for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
+          BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
+                            lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
+                            lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
+                            gru ? dgh + row * GU + u0 : nullptr,
+                            lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
+          backward_segment(cfg.mode, seg, ub, !lens || s < lens[b]);
+        }
       }
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t row = s * B + b;
-        float* dhb = dh + b * ub;
-        for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
-        BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
-                          lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
-                          lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
-                          gru ? dgh + row * GU + u0 : nullptr,
-                          lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
-        backward_segment(cfg.mode, seg, ub, !lens || s < lens[b]);
-      }
-    }
-  });
-  if (lstm && cfg.T % 2) std::swap(dc_a, dc_b);  // dc_a holds the gradient w.r.t. c0
+    });
+    if (lstm) std::swap(dc_a, dc_b);
+  }
   // Gradients w.r.t. the initial states: through step 0.
   at::Tensor dh0 = d.dh0;
   at::addmm_out(dh0, carry_t, d.dgh[0], d.R);
