@@ -341,7 +341,7 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
 bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   const int64_t ub = d.dgx.scalar_type() == at::kFloat ? unit_block(cfg) : 0;
   if (ub == 0) return false;
-  const int64_t G = cfg.G, U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
+  const int64_t U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
   const int64_t nblk = U / ub;
   // R [GU, U] -> per block j the [K = GU, N = ub] operand of dh_prev = dG R.
   const at::Tensor Rb = d.R.view({GU, nblk, ub}).permute({1, 0, 2}).contiguous();
