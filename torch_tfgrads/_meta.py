@@ -612,19 +612,13 @@ def _cudnn_rnn_backprop_v3_fake(input, input_h, input_c, params, sequence_length
             input.new_empty(params.shape))
 
 
-def _rnn_conversion_config(op, num_layers, num_units, input_size, rnn_mode, input_mode,
-                           direction, num_proj):
-    return RnnConfig(op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
-                     num_proj)
-
-
 @torch.library.register_fake("tfgrads::cudnn_rnn_canonical_to_params_v2")
 def _cudnn_rnn_canonical_to_params_v2_fake(num_layers, num_units, input_size, weights, biases,
                                            rnn_mode="lstm", input_mode="linear_input",
                                            direction="unidirectional", num_proj=0):
     op = "cudnn_rnn_canonical_to_params_v2"
-    cfg = _rnn_conversion_config(op, num_layers, num_units, input_size, rnn_mode, input_mode,
-                                 direction, num_proj)
+    cfg = RnnConfig(op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
+                    num_proj)
     torch._check_value(len(weights) > 0, lambda: f"{op}: argument 'weights' must not be empty")
     w_shapes, b_shapes = cfg.canonical_shapes()
     for name, ts, shapes in (("weights", weights, w_shapes), ("biases", biases, b_shapes)):
@@ -644,8 +638,8 @@ def _cudnn_rnn_params_to_canonical_v2_fake(num_layers, num_units, input_size, pa
                                            rnn_mode="lstm", input_mode="linear_input",
                                            direction="unidirectional", num_proj=0):
     op = "cudnn_rnn_params_to_canonical_v2"
-    cfg = _rnn_conversion_config(op, num_layers, num_units, input_size, rnn_mode, input_mode,
-                                 direction, num_proj)
+    cfg = RnnConfig(op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
+                    num_proj)
     w_shapes, b_shapes = cfg.canonical_shapes()
     torch._check_value(num_params_weights == len(w_shapes), lambda: (
         f"{op}: C Number of params mismatch. Expected {num_params_weights}, got {len(w_shapes)}"))

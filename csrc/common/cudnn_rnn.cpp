@@ -150,22 +150,23 @@ static void check_like(const char* op, const at::Tensor& input, const at::Tensor
   check_same_device(input, t, op, "input", name);
 }
 
-static void check_lengths(const char* op, const Config& cfg, const at::Tensor& lengths) {
+// Validates sequence_lengths and returns them on the host (the only device-to-host copy).
+static at::Tensor check_lengths(const char* op, const Config& cfg, const at::Tensor& lengths) {
   TORCH_CHECK_VALUE(lengths.scalar_type() == at::kInt || lengths.scalar_type() == at::kLong, op,
                     ": argument 'sequence_lengths' must be an int32 tensor, got ",
                     c10::toString(lengths.scalar_type()));
   TORCH_CHECK_VALUE(lengths.dim() == 1 && lengths.size(0) == cfg.B, op,
                     ": argument 'sequence_lengths' must have shape [batch_size] = [", cfg.B,
                     "], got ", tf_shape(lengths.sizes()));
-  if (cfg.B == 0) return;
-  // cuDNN rejects lengths outside [1, max_time] (TF forwards them unchecked, spec B6).
   const at::Tensor host = lengths.to(at::kCPU, at::kLong).contiguous();
+  // cuDNN rejects lengths outside [1, max_time] (TF forwards them unchecked, spec B6).
   const int64_t* v = host.data_ptr<int64_t>();
   for (int64_t b = 0; b < cfg.B; ++b) {
     TORCH_CHECK_VALUE(v[b] >= 1 && v[b] <= cfg.T, op, ": argument 'sequence_lengths': "
                       "sequence_lengths[", b, "] = ", v[b], " is not in [1, max_time] = [1, ",
                       cfg.T, "]");
   }
+  return host;
 }
 
 Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& input_h,
@@ -231,7 +232,7 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   const int64_t expected = params_size(cfg);
   TORCH_CHECK_VALUE(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
                     " elements but cudnn_rnn_params_size of this configuration is ", expected);
-  check_lengths(op, cfg, sequence_lengths);
+  cfg.host_lengths = check_lengths(op, cfg, sequence_lengths);
   return cfg;
 }
 

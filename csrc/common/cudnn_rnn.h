@@ -30,6 +30,8 @@ struct Config {
   bool skip_input = false;  // resolved: auto_select is skip_input when I == U
   int64_t L = 1, D = 1, T = 0, B = 0, I = 0, U = 0, P = 0, Hh = 0;
   bool time_major = true;
+  // sequence_lengths read once to the host (int64 [B]) by check_forward; undefined otherwise.
+  at::Tensor host_lengths;
 
   int64_t GU() const { return G * U; }
   // Width of layer `layer`'s input: I for layer 0, D*Hh above it.
@@ -176,6 +178,38 @@ BackwardResult backward(const at::Tensor& input, const at::Tensor& input_h,
                         c10::string_view input_mode, c10::string_view direction, double dropout,
                         int64_t seed, int64_t seed2, int64_t num_proj, bool time_major,
                         const CellKernels& cells);
+
+// The two op kernels of one device, bound to that device's cell kernels: register
+// `&forward_op<kCells>` / `&backward_op<kCells>` (ATen's own ops guard their devices, and so do
+// the cell kernels).
+template <const CellKernels& cells>
+ForwardResult forward_op(const at::Tensor& input, const at::Tensor& input_h,
+                         const at::Tensor& input_c, const at::Tensor& params,
+                         const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
+                         c10::string_view input_mode, c10::string_view direction, double dropout,
+                         int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
+                         bool time_major) {
+  return forward(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode,
+                 direction, dropout, seed, seed2, num_proj, is_training, time_major, cells);
+}
+
+template <const CellKernels& cells>
+BackwardResult backward_op(const at::Tensor& input, const at::Tensor& input_h,
+                           const at::Tensor& input_c, const at::Tensor& params,
+                           const at::Tensor& sequence_lengths, const at::Tensor& output,
+                           const at::Tensor& output_h, const at::Tensor& output_c,
+                           const at::Tensor& output_backprop,
+                           const at::Tensor& output_h_backprop,
+                           const at::Tensor& output_c_backprop,
+                           const at::Tensor& reserve_space, const at::Tensor& host_reserved,
+                           c10::string_view rnn_mode, c10::string_view input_mode,
+                           c10::string_view direction, double dropout, int64_t seed,
+                           int64_t seed2, int64_t num_proj, bool time_major) {
+  return backward(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
+                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
+                  host_reserved, rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
+                  time_major, cells);
+}
 
 }  // namespace cudnn_rnn
 }  // namespace torch_tfgrads

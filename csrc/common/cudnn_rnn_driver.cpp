@@ -55,11 +55,11 @@ struct Steps {
   Tensor perm;    // [T*B] int64
   Tensor active;  // [T,B,1] 0/1
   Tensor inactive;
+  Tensor active_rows;  // the same as bool, for where()
 
-  Steps(const Config& c, const Tensor& sequence_lengths, const at::TensorOptions& opts)
-      : cfg(c) {
+  Steps(const Config& c, const at::TensorOptions& opts) : cfg(c) {
     if (cfg.B == 0) return;
-    const Tensor host = sequence_lengths.to(at::kCPU, at::kLong).contiguous();
+    const Tensor& host = cfg.host_lengths;
     const int64_t* len = host.data_ptr<int64_t>();
     bool full = true;
     for (int64_t b = 0; b < cfg.B; ++b) full = full && len[b] == cfg.T;
@@ -75,6 +75,7 @@ struct Steps {
                  .lt(host.view({1, cfg.B, 1}))
                  .to(opts);
     inactive = 1 - active;
+    active_rows = active.to(at::kBool);
   }
 
   bool variable() const { return lens.defined(); }
@@ -188,7 +189,7 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
   const Tensor c0 = cfg.lstm() ? state_view(input_c, LD, B, U, A) : Tensor();
   const Tensor w = params.to(A).contiguous();
   const auto lps = layer_params(cfg, w);
-  const Steps steps(cfg, sequence_lengths, opts);
+  const Steps steps(cfg, opts);
   const bool use_dropout = is_training && dropout > 0 && cfg.L > 1;
   Reserve reserve{cfg, is_training ? at::empty({reserve_elements(cfg, use_dropout)}, opts)
                                    : Tensor(), opts};
@@ -235,7 +236,7 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
         if (a.projected) {
           Tensor h_s = sv.h[s];
           if (steps.variable())
-            h_s.copy_(at::where(steps.active[s].to(at::kBool), at::mm(m, lp.Wp.t()), h_prev));
+            h_s.copy_(at::where(steps.active_rows[s], at::mm(m, lp.Wp.t()), h_prev));
           else
             at::mm_out(h_s, m, lp.Wp.t());
         }
@@ -337,7 +338,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
   // Every region of the gradient is written once below when there are steps; zeros otherwise.
   Tensor dw = T > 0 && B > 0 ? at::empty_like(w) : at::zeros_like(w);
   const auto dlps = layer_params(cfg, dw);
-  const Steps steps(cfg, sequence_lengths, opts);
+  const Steps steps(cfg, opts);
   const Tensor flat = reserve_space.contiguous();
   Reserve reserve{cfg, A == dtype ? flat : flat.view(A), opts};
 

@@ -474,35 +474,11 @@ constexpr CellKernels kCpuCells{&cell_forward, &cell_backward, &forward_directio
 constexpr CellKernels kCpuCells{&cell_forward, &cell_backward};
 #endif
 
-ForwardResult cudnn_rnn_v3_cpu(const at::Tensor& input, const at::Tensor& input_h,
-                               const at::Tensor& input_c, const at::Tensor& params,
-                               const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
-                               c10::string_view input_mode, c10::string_view direction,
-                               double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
-                               bool is_training, bool time_major) {
-  return forward(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode,
-                 direction, dropout, seed, seed2, num_proj, is_training, time_major, kCpuCells);
-}
-
-BackwardResult cudnn_rnn_backprop_v3_cpu(
-    const at::Tensor& input, const at::Tensor& input_h, const at::Tensor& input_c,
-    const at::Tensor& params, const at::Tensor& sequence_lengths, const at::Tensor& output,
-    const at::Tensor& output_h, const at::Tensor& output_c, const at::Tensor& output_backprop,
-    const at::Tensor& output_h_backprop, const at::Tensor& output_c_backprop,
-    const at::Tensor& reserve_space, const at::Tensor& host_reserved, c10::string_view rnn_mode,
-    c10::string_view input_mode, c10::string_view direction, double dropout, int64_t seed,
-    int64_t seed2, int64_t num_proj, bool time_major) {
-  return backward(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
-                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                  host_reserved, rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
-                  time_major, kCpuCells);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(tfgrads, CPU, m) {
-  m.impl("cudnn_rnn_v3", &cudnn_rnn_v3_cpu);
-  m.impl("cudnn_rnn_backprop_v3", &cudnn_rnn_backprop_v3_cpu);
+  m.impl("cudnn_rnn_v3", &forward_op<kCpuCells>);
+  m.impl("cudnn_rnn_backprop_v3", &backward_op<kCpuCells>);
   m.impl("cudnn_rnn_canonical_to_params_v2", &canonical_to_params);
   m.impl("cudnn_rnn_params_to_canonical_v2", &params_to_canonical);
 }

@@ -37,14 +37,13 @@ struct FwdArgs {
   const T *gx, *gh, *h_prev, *c_prev;
   const int* lens;
   T *acts, *c_out, *h_out;
-  int64_t B, U, Hh, step;
+  int64_t B, U, Hh, GU, AW, step;  // GU: gate width G*U; AW: saved activations per row
   bool projected;
 };
 
 template <typename T>
 __global__ void cell_forward_kernel(Mode mode, FwdArgs<T> a) {
-  const int64_t n = a.B * a.U, GU = (mode == Mode::kLstm ? 4 : mode == Mode::kGru ? 3 : 1) * a.U;
-  const int64_t AW = (mode == Mode::kLstm || mode == Mode::kGru) ? 4 * a.U : a.U;
+  const int64_t n = a.B * a.U, GU = a.GU, AW = a.AW;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = k / a.U, u = k % a.U;
@@ -95,13 +94,12 @@ struct BwdArgs {
   const T *acts, *c_cur, *c_prev, *h_prev, *dh, *dc;
   const int* lens;
   T *dgx, *dgh, *dc_prev, *carry;
-  int64_t B, U, Hh, step;
+  int64_t B, U, Hh, GU, AW, step;
 };
 
 template <typename T>
 __global__ void cell_backward_kernel(Mode mode, BwdArgs<T> a) {
-  const int64_t n = a.B * a.U, GU = (mode == Mode::kLstm ? 4 : mode == Mode::kGru ? 3 : 1) * a.U;
-  const int64_t AW = (mode == Mode::kLstm || mode == Mode::kGru) ? 4 * a.U : a.U;
+  const int64_t n = a.B * a.U, GU = a.GU, AW = a.AW;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = k / a.U, u = k % a.U;
@@ -166,7 +164,8 @@ void cell_forward(const Config& cfg, const CellForward& a) {
                            cptr<scalar_t>(a.h_prev), cptr<scalar_t>(a.c_prev),
                            a.lens.defined() ? a.lens.data_ptr<int>() : nullptr,
                            mptr<scalar_t>(a.acts), mptr<scalar_t>(a.c_out),
-                           mptr<scalar_t>(a.h_out), cfg.B, cfg.U, cfg.Hh, a.step, a.projected};
+                           mptr<scalar_t>(a.h_out), cfg.B, cfg.U, cfg.Hh, cfg.GU(),
+                           cfg.act_width(), a.step, a.projected};
     cell_forward_kernel<scalar_t><<<blocks_for(n), kThreads, 0,
                                     c10::cuda::getCurrentCUDAStream()>>>(cfg.mode, args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -184,7 +183,7 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
                            a.lens.defined() ? a.lens.data_ptr<int>() : nullptr,
                            mptr<scalar_t>(a.dgx),   mptr<scalar_t>(a.dgh),
                            mptr<scalar_t>(a.dc_prev), mptr<scalar_t>(a.dh_carry),
-                           cfg.B, cfg.U, cfg.Hh, a.step};
+                           cfg.B, cfg.U, cfg.Hh, cfg.GU(), cfg.act_width(), a.step};
     cell_backward_kernel<scalar_t><<<blocks_for(n), kThreads, 0,
                                      c10::cuda::getCurrentCUDAStream()>>>(cfg.mode, args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -193,37 +192,11 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 
 constexpr CellKernels kCudaCells{&cell_forward, &cell_backward};
 
-ForwardResult cudnn_rnn_v3_cuda(const at::Tensor& input, const at::Tensor& input_h,
-                                const at::Tensor& input_c, const at::Tensor& params,
-                                const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
-                                c10::string_view input_mode, c10::string_view direction,
-                                double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
-                                bool is_training, bool time_major) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  return forward(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode,
-                 direction, dropout, seed, seed2, num_proj, is_training, time_major, kCudaCells);
-}
-
-BackwardResult cudnn_rnn_backprop_v3_cuda(
-    const at::Tensor& input, const at::Tensor& input_h, const at::Tensor& input_c,
-    const at::Tensor& params, const at::Tensor& sequence_lengths, const at::Tensor& output,
-    const at::Tensor& output_h, const at::Tensor& output_c, const at::Tensor& output_backprop,
-    const at::Tensor& output_h_backprop, const at::Tensor& output_c_backprop,
-    const at::Tensor& reserve_space, const at::Tensor& host_reserved, c10::string_view rnn_mode,
-    c10::string_view input_mode, c10::string_view direction, double dropout, int64_t seed,
-    int64_t seed2, int64_t num_proj, bool time_major) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  return backward(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
-                  output_backprop, output_h_backprop, output_c_backprop, reserve_space,
-                  host_reserved, rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,
-                  time_major, kCudaCells);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(tfgrads, CUDA, m) {
-  m.impl("cudnn_rnn_v3", &cudnn_rnn_v3_cuda);
-  m.impl("cudnn_rnn_backprop_v3", &cudnn_rnn_backprop_v3_cuda);
+  m.impl("cudnn_rnn_v3", &forward_op<kCudaCells>);
+  m.impl("cudnn_rnn_backprop_v3", &backward_op<kCudaCells>);
   m.impl("cudnn_rnn_canonical_to_params_v2", &canonical_to_params);
   m.impl("cudnn_rnn_params_to_canonical_v2", &params_to_canonical);
 }
