@@ -157,15 +157,14 @@ void matmul_into(const CellKernels& k, const Tensor& out, const Tensor& a, const
                  bool accumulate, const Tensor& bias) {
   if (k.matmul && k.matmul(a, b, bias, out, accumulate)) return;
   Tensor o = out;
-  if (!accumulate) {
-    if (bias.defined())
-      o.copy_(bias.expand_as(o));
-    else
-      o.zero_();
+  if (accumulate) {
+    if (bias.defined()) o.add_(bias);
+    o.addmm_(a, b);
   } else if (bias.defined()) {
-    o.add_(bias);
+    at::addmm_out(o, bias, a, b);
+  } else {
+    at::mm_out(o, a, b);
   }
-  o.addmm_(a, b);
 }
 
 ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& input_c,
