@@ -399,6 +399,11 @@ def test_conversions_are_differentiable():
     w = [t.requires_grad_() for t in w]
     assert gradcheck(lambda *ws: T.cudnn_rnn_canonical_to_params_v2(
         2, 3, 2, list(ws), b, "gru", direction="bidirectional"), tuple(w))
+    # Second order: each conversion's backward is the other conversion, itself differentiable.
+    assert gradgradcheck(lambda q: T.cudnn_rnn_params_to_canonical_v2(
+        2, 3, 2, q, 24, 24, "gru", direction="bidirectional")[0][7], (p,))
+    assert gradgradcheck(lambda *ws: T.cudnn_rnn_canonical_to_params_v2(
+        2, 3, 2, list(ws), b, "gru", direction="bidirectional"), tuple(w))
 
 
 # ---- opcheck -------------------------------------------------------------------------------------
