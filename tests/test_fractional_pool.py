@@ -337,3 +337,35 @@ def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C)
         dxc = T.fractional_max_pool_grad(xc, yc, dy[..., c:c + 1].contiguous(), rows, cols,
                                          overlapping)
         assert torch.equal(dxc, dx[..., c:c + 1]), c
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("ratio", [(1.0, 1.0), (1.2, 1.44), (1.73, 1.3), (1.99, 1.99), (2.5, 1.5),
+                                   (1.44, 3.1), (4.2, 2.0)], ids=str)
+def test_max_grad_every_cell_shape_against_reference(ratio, overlapping):
+    """Cells up to 3x3 run straight-line code per cell-row height and widest cell (narrower
+    cells repeat their last column); larger ones the loops. Every combination against TF's
+    reference scatter, with ties so that the first-maximum rule matters."""
+    g = torch.Generator().manual_seed(int(ratio[0] * 100 + ratio[1] * 10 + overlapping))
+    x = torch.randint(-2, 3, (2, 23, 19, 24), generator=g).float()
+    for pseudo in (False, True):
+        out, rows, cols = T.fractional_max_pool(x, [1, *ratio, 1], pseudo, overlapping, True, 3, 4)
+        dy = torch.randn(out.shape, generator=g)
+        dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
+        ref = R.fractional_max_pool_grad_ref(x.numpy(), out.numpy(), dy.numpy(), rows.tolist(),
+                                             cols.tolist(), overlapping)
+        assert np.array_equal(dx.numpy(), ref)
+
+
+def test_max_grad_large_float_input_streams_same_values():
+    """A float32 gradient beyond 4 MiB (disjoint cells) is written with non-temporal stores;
+    it must equal the float64 computation on the same values (no rounding is involved)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-50, 50, (4, 96, 96, 40), generator=g).float()
+    out, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.73, 1], False, False, True, 1, 2)
+    dy = torch.randn(out.shape, generator=g)
+    dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, False)
+    dx64 = T.fractional_max_pool_grad(x.double(), out.double(), dy.double(), rows, cols, False)
+    assert dx.numel() * 4 > 4 << 20
+    assert torch.equal(dx, dx64.float())
+    assert (dx != 0).sum() == (dy != 0).sum()  # one element per cell and channel

@@ -12,6 +12,10 @@
 //   and the same rounding as TF's scatter (avg: double accumulator, then one cast).
 // * Max gradient: pass 1 recomputes every cell's argmax (first maximum in scan order, TF's tie
 //   rule) and checks it against orig_output; pass 2 gathers out_backprop through it.
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -353,46 +357,111 @@ struct MaxGradPass {
   scalar_t* dx;
   int64_t sN, sH, sW, H, W, C, OH, OW;
   const GradPlan& g;
+  int64_t cw_max;  // widest cell
+  // Non-temporal stores (float, disjoint cells, whole aligned vectors, dx beyond the L2
+  // caches): every element is written exactly once, so reading dx's lines in first is wasted.
+  bool stream = false;
 
-  // kShared: cells may share boundary elements (overlapping), so each element is assigned by
-  // its first cell and accumulated by the next; disjoint cells just store.
-  template <int K, bool kShared>
-  bool cell_vectors(int64_t b, int64_t i, int64_t j, int64_t d) const {
-    const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
-    const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j], cw = c1 - c0 + 1;
-    const int64_t k_out = ((b * OH + i) * OW + j) * C + d;
-    const scalar_t* xb = x + b * sN + d;
-    Vec best[K], at[K], grad[K];
-    for (int k = 0; k < K; ++k) {
-      best[k] = Wd::load(xb + r0 * sH + c0 * sW + k * L);
-      at[k] = Vec(A(0));
-    }
-    for (int64_t h = r0; h <= r1; ++h) {
-      for (int64_t w = (h == r0 ? c0 + 1 : c0); w <= c1; ++w) {
-        const Vec here(static_cast<A>((h - r0) * cw + (w - c0)));
-        for (int k = 0; k < K; ++k) {
-          const Vec v = Wd::load(xb + h * sH + w * sW + k * L);
-          const Vec take = best[k] < v;
-          best[k] = Vec::blendv(best[k], v, take);
-          at[k] = Vec::blendv(at[k], here, take);
+  MaxGradPass(const at::Tensor& x_, const at::Tensor& y_, const at::Tensor& dy_, at::Tensor& dx_,
+              const GradPlan& plan)
+      : x(x_.const_data_ptr<scalar_t>()), y(y_.const_data_ptr<scalar_t>()),
+        dy(dy_.const_data_ptr<scalar_t>()), dx(dx_.mutable_data_ptr<scalar_t>()),
+        sN(x_.stride(0)), sH(x_.stride(1)), sW(x_.stride(2)), H(plan.H), W(plan.W), C(plan.C),
+        OH(plan.rows.cells), OW(plan.cols.cells), g(plan), cw_max(0) {
+    for (int64_t j = 0; j < OW; ++j) cw_max = std::max(cw_max, g.cols.count(j));
+  }
+
+  // kShared: cells may share boundary elements (overlapping): a cell's first row and first
+  // column belong to the previous cell when that one covers them (TF's scatter order puts its
+  // contribution first), so there the cell adds to dx; everywhere else it assigns.
+  // Per channel vector, one sweep finds the maximum and its position in the cell with TF's
+  // update (`best < v` takes v: the first maximum in scan order wins, a NaN is never taken, a
+  // NaN first element stays and then fails the orig_output check); a second one writes dy
+  // where the position matches and 0 elsewhere, without reading x again.
+  // RH > 0: the cell row's height at compile time; CW > 0: every cell is at most CW columns
+  // wide and is swept as exactly CW columns, the extra ones repeating its last column, so
+  // both sweeps are straight-line code. A repeat never wins the maximum (its column came
+  // first) and gets a position no element has; a row's columns are stored last to first, so
+  // a repeat's 0 is overwritten by its real column. RH = CW = 0: runtime sizes.
+  // Channels [d0, d1) in whole vectors.
+  template <bool kShared, int RH, int CW>
+  bool cell_vectors(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1) const {
+    const int64_t r0 = g.rows.start[i], c0 = g.cols.start[j];
+    const int64_t rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
+    const int64_t last = g.cols.end[j] - c0;  // the cell's last column, relative to c0
+    const int64_t cw = CW > 0 ? CW : last + 1;
+    auto col = [last](int64_t w) { return CW > 0 ? std::min(w, last) : w; };
+    auto code = [cw](int64_t h, int64_t w) { return Vec(static_cast<A>(h * cw + w)); };
+    // Locals: vector stores may alias anything, so members would be reloaded after each one.
+    const int64_t cell = ((b * OH + i) * OW + j) * C, row = sH, pixel = sW, opixel = C,
+                  orow = W * C;
+    const scalar_t* xc = x + b * sN + r0 * sH + c0 * sW;
+    const scalar_t *yc = y + cell, *gc = dy + cell;
+    scalar_t* o = dx + ((b * H + r0) * W + c0) * C;
+    const bool shared_top = kShared && g.rows.first[r0] != i;
+    const bool shared_left = kShared && g.cols.first[c0] != j;
+    int mismatch = 0;
+    for (int64_t d = d0; d < d1; d += L) {
+      Vec best = Wd::load(xc + d), at(A(0));
+#pragma GCC unroll 4
+      for (int64_t h = 0; h < rh; ++h) {
+#pragma GCC unroll 4
+        for (int64_t w = (h == 0 ? 1 : 0); w < cw; ++w) {
+          const Vec v = Wd::load(xc + h * row + col(w) * pixel + d);
+          const Vec take = best < v;
+          best = Vec::blendv(best, v, take);
+          at = Vec::blendv(at, code(h, w), take);
         }
       }
+      mismatch |= (best == Wd::load(yc + d)).zero_mask();
+      const Vec grad = Wd::load(gc + d);
+#pragma GCC unroll 4
+      for (int64_t h = 0; h < rh; ++h) {
+        Vec out[CW > 0 ? CW : 1];
+#pragma GCC unroll 4
+        for (int64_t w = 0; w < cw; ++w) {
+          out[CW > 0 ? w : 0] = grad & (at == code(h, w));
+          if (CW == 0)
+            store(o + h * orow + w * opixel + d, out[0], add(h, w, shared_top, shared_left));
+        }
+#pragma GCC unroll 4
+        for (int64_t w = cw - 1; CW > 0 && w >= 0; --w)
+          store(o + h * orow + col(w) * opixel + d, out[CW > 0 ? w : 0],
+                add(h, col(w), shared_top, shared_left));
+      }
     }
+    return mismatch == 0;
+  }
+
+  static bool add(int64_t h, int64_t w, bool shared_top, bool shared_left) {
+    return (h == 0 && shared_top) || (w == 0 && shared_left);
+  }
+  void store(scalar_t* o, const Vec& v, bool add) const {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<scalar_t, float>)
+      if (stream) return _mm256_stream_ps(o, v);  // never with add
+#endif
+    Wd::store(o, add ? Wd::load(o) + v : v);
+  }
+
+  // One row of cells in order, channels [d0, d1), swept as cw_max columns. (Visiting
+  // disjoint cells grouped by width instead, each group with its exact width, saves the
+  // repeated columns but was 1.5-2x slower on inputs beyond L2: the hardware prefetchers
+  // lose the row streams.)
+  template <bool kShared, int RH>
+  bool cell_row(int64_t b, int64_t i, int64_t d0, int64_t d1) const {
+    const int64_t dv = std::is_integral_v<scalar_t> ? d0 : d0 + (d1 - d0) / L * L;
     bool ok = true;
-    for (int k = 0; k < K; ++k) {
-      ok &= (best[k] == Wd::load(y + k_out + k * L)).zero_mask() == 0;
-      grad[k] = Wd::load(dy + k_out + k * L);
-    }
-    const Vec zero(A(0));
-    for (int64_t h = r0; h <= r1; ++h) {
-      const bool first_row = !kShared || g.rows.first[h] == i;
-      for (int64_t w = c0; w <= c1; ++w) {
-        const bool assign = !kShared || (first_row && g.cols.first[w] == j);
-        const Vec here(static_cast<A>((h - r0) * cw + (w - c0)));
-        scalar_t* o = dx + ((b * H + h) * W + w) * C + d;
-        for (int k = 0; k < K; ++k) {
-          const Vec v = Vec::blendv(zero, grad[k], at[k] == here);
-          Wd::store(o + k * L, assign ? v : Wd::load(o + k * L) + v);
+    if (dv < d1)
+      for (int64_t j = 0; j < OW; ++j) ok &= cell_scalars(b, i, j, dv, d1);
+    if constexpr (!std::is_integral_v<scalar_t>) {  // integers: scalars only
+      if (dv == d0) return ok;
+      for (int64_t j = 0; j < OW; ++j) {
+        switch (cw_max) {
+          case 1: ok &= cell_vectors<kShared, RH, 1>(b, i, j, d0, dv); break;
+          case 2: ok &= cell_vectors<kShared, RH, 2>(b, i, j, d0, dv); break;
+          case 3: ok &= cell_vectors<kShared, RH, 3>(b, i, j, d0, dv); break;
+          default: ok &= cell_vectors<kShared, 0, 0>(b, i, j, d0, dv);
         }
       }
     }
@@ -441,14 +510,11 @@ struct MaxGradPass {
   bool run(int64_t b, int64_t i0, int64_t i1, int64_t d0, int64_t d1) const {
     bool ok = true;
     for (int64_t i = i0; i < i1; ++i) {
-      for (int64_t j = 0; j < OW; ++j) {
-        int64_t d = d0;
-        if constexpr (!std::is_integral_v<scalar_t>) {
-          for (; d + 4 * L <= d1; d += 4 * L) ok &= cell_vectors<4, kShared>(b, i, j, d);
-          for (; d + 2 * L <= d1; d += 2 * L) ok &= cell_vectors<2, kShared>(b, i, j, d);
-          for (; d + L <= d1; d += L) ok &= cell_vectors<1, kShared>(b, i, j, d);
-        }
-        if (d < d1) ok &= cell_scalars(b, i, j, d, d1);
+      switch (g.rows.end[i] - g.rows.start[i] + 1) {
+        case 1: ok &= cell_row<kShared, 1>(b, i, d0, d1); break;
+        case 2: ok &= cell_row<kShared, 2>(b, i, d0, d1); break;
+        case 3: ok &= cell_row<kShared, 3>(b, i, d0, d1); break;
+        default: ok &= cell_row<kShared, 0>(b, i, d0, d1);
       }
     }
     return ok;
@@ -458,11 +524,13 @@ struct MaxGradPass {
 template <typename scalar_t>
 void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy,
                      at::Tensor& dx, const GradPlan& g, bool overlapping) {
-  const int64_t OH = g.rows.cells, OW = g.cols.cells, C = g.C;
-  const MaxGradPass<scalar_t> pass{
-      x.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(),
-      dx.mutable_data_ptr<scalar_t>(), x.stride(0), x.stride(1), x.stride(2), g.H, g.W, C, OH,
-      OW, g};
+  const int64_t OH = g.rows.cells, C = g.C;
+  MaxGradPass<scalar_t> pass(x, y, dy, dx, g);
+#if defined(CPU_CAPABILITY_AVX2)
+  pass.stream = std::is_same_v<scalar_t, float> && !overlapping && C % 8 == 0 &&
+                reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
+                dx.numel() * 4 > (4 << 20);
+#endif
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
   auto covered = [](const AxisPlan& a) {
@@ -477,6 +545,9 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
         if (!pass.template run<false>(t / OH, t % OH, t % OH + 1, 0, C)) same = false;
+#if defined(CPU_CAPABILITY_AVX2)
+      if (pass.stream) _mm_sfence();  // the streamed stores are visible before the join
+#endif
     });
   } else {  // boundaries are shared between cell rows: one task per image and channel block
     constexpr int64_t kBlock = 64;
