@@ -271,3 +271,23 @@ def test_module_nchw_half_and_no_affine():
     assert y.dtype == torch.float16 and m.running_mean.dtype == torch.float32
     with pytest.raises(ValueError, match="data_format"):
         T.nn.FusedBatchNorm(3, data_format="HWCN")
+
+
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 64, 64, 96)), ("NCHW", (4, 96, 64, 64))])
+def test_large_float_grad_streams_same_values(fmt, shape):
+    """A float32 training gradient beyond 4 MiB is written with non-temporal stores; it must
+    agree with the float64 computation like any other."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g) * 2 + 1
+    dy = torch.randn(shape, generator=g)
+    c = shape[-1] if fmt == "NHWC" else shape[1]
+    scale = torch.rand(c, generator=g) + 0.5
+    dims = (0, 1, 2) if fmt == "NHWC" else (0, 2, 3)
+    mean, var = x.mean(dims), x.var(dims, unbiased=False)
+    args = (torch.empty(0), 1e-3, fmt, True)
+    out = T.fused_batch_norm_grad_v3(dy, x, scale, mean, var, *args)
+    ref64 = T.fused_batch_norm_grad_v3(dy.double(), x.double(), scale.double(), mean.double(),
+                                       var.double(), *args)
+    assert out[0].numel() * 4 > 4 << 20
+    for a, b in zip(out[:3], ref64[:3]):
+        assert rel_err(a.double(), b) < 1e-5

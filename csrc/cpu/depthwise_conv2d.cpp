@@ -61,7 +61,6 @@ constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
 
 // Non-temporal copy of whole 32-byte chunks (dst 32-byte aligned); AVX2 builds only.
 #if defined(CPU_CAPABILITY_AVX2)
-constexpr bool kCanStream = true;
 // src is 32-byte aligned; dst is aligned up with ordinary stores, then streamed in 32-byte
 // chunks, the tail copied.
 inline void stream_copy(void* dst, const void* src, int64_t bytes) {
@@ -81,11 +80,8 @@ inline void stream_copy(void* dst, const void* src, int64_t bytes) {
   }
   std::memcpy(d + i, s + i, bytes - i);
 }
-inline void stream_fence() { _mm_sfence(); }
 #else
-constexpr bool kCanStream = false;
 inline void stream_copy(void* dst, const void* src, int64_t bytes) { std::memcpy(dst, src, bytes); }
-inline void stream_fence() {}
 #endif
 
 // Channels [c0, c1) of n consecutive pixels of C channels; locality 3: into L1, 1: into L2.

@@ -12,10 +12,6 @@
 //   and the same rounding as TF's scatter (avg: double accumulator, then one cast).
 // * Max gradient: pass 1 recomputes every cell's argmax (first maximum in scan order, TF's tie
 //   rule) and checks it against orig_output; pass 2 gathers out_backprop through it.
-#if defined(CPU_CAPABILITY_AVX2)
-#include <immintrin.h>
-#endif
-
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -437,10 +433,8 @@ struct MaxGradPass {
     return (h == 0 && shared_top) || (w == 0 && shared_left);
   }
   void store(scalar_t* o, const Vec& v, bool add) const {
-#if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<scalar_t, float>)
-      if (stream) return _mm256_stream_ps(o, v);  // never with add
-#endif
+      if (stream) return stream_store(o, v);  // never with add
     Wd::store(o, add ? Wd::load(o) + v : v);
   }
 
@@ -526,11 +520,9 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
                      at::Tensor& dx, const GradPlan& g, bool overlapping) {
   const int64_t OH = g.rows.cells, C = g.C;
   MaxGradPass<scalar_t> pass(x, y, dy, dx, g);
-#if defined(CPU_CAPABILITY_AVX2)
-  pass.stream = std::is_same_v<scalar_t, float> && !overlapping && C % 8 == 0 &&
+  pass.stream = kCanStream && std::is_same_v<scalar_t, float> && !overlapping && C % 8 == 0 &&
                 reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
                 dx.numel() * 4 > (4 << 20);
-#endif
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
   auto covered = [](const AxisPlan& a) {
@@ -545,9 +537,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
         if (!pass.template run<false>(t / OH, t % OH, t % OH + 1, 0, C)) same = false;
-#if defined(CPU_CAPABILITY_AVX2)
-      if (pass.stream) _mm_sfence();  // the streamed stores are visible before the join
-#endif
+      if (pass.stream) stream_fence();
     });
   } else {  // boundaries are shared between cell rows: one task per image and channel block
     constexpr int64_t kBlock = 64;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "common/fused_batch_norm.h"
@@ -198,23 +199,30 @@ inline void affine(scalar_t* out, const scalar_t* a, int64_t L, const acc_t* m, 
 }
 
 // dx = A * ((dy - mdy) - (x - m) * B)   (training-mode input gradient)
-template <typename scalar_t, typename acc_t, bool kPerChannel>
+// kStream: float dx written with non-temporal stores (dx + i 32-byte aligned, L whole vectors).
+template <typename scalar_t, typename acc_t, bool kPerChannel, bool kStream = false>
 inline void grad_input(scalar_t* dx, const scalar_t* dy, const scalar_t* x, int64_t L,
                        const acc_t* A, const acc_t* mdy, const acc_t* m, const acc_t* B) {
   using W = Widen<scalar_t, acc_t>;
   using Vec = typename W::Vec;
+  auto put = [](scalar_t* p, const Vec& v) {
+    if constexpr (kStream && std::is_same_v<scalar_t, float>)
+      stream_store(p, v);
+    else
+      W::store(p, v);
+  };
   int64_t i = 0;
   const int64_t s = kPerChannel ? 1 : 0;  // stride of the coefficient arrays
   if (kPerChannel) {
     for (; i + Vec::size() <= L; i += Vec::size()) {
       const Vec r = (W::load(dy + i) - Vec::loadu(mdy + i)) -
                     (W::load(x + i) - Vec::loadu(m + i)) * Vec::loadu(B + i);
-      W::store(dx + i, Vec::loadu(A + i) * r);
+      put(dx + i, Vec::loadu(A + i) * r);
     }
   } else {
     const Vec vA(*A), vmdy(*mdy), vm(*m), vB(*B);
     for (; i + Vec::size() <= L; i += Vec::size())
-      W::store(dx + i, vA * ((W::load(dy + i) - vmdy) - (W::load(x + i) - vm) * vB));
+      put(dx + i, vA * ((W::load(dy + i) - vmdy) - (W::load(x + i) - vm) * vB));
   }
   for (; i < L; ++i) {
     const acc_t r = (static_cast<acc_t>(dy[i]) - mdy[i * s]) -
@@ -352,17 +360,20 @@ void grad_sums(const ChannelLayout& l, const scalar_t* dy, const scalar_t* x, co
 
 // Runs body(out, in..., L, offset-of-channel-arrays) over the tensor in parallel chunks:
 // channels-last rows (per-channel coefficient arrays) or channels-first planes (scalars).
+// fence: body streams its stores (stream_fence() at the end of each thread's range).
 template <typename F>
-void for_each_span(const ChannelLayout& l, F&& body) {
+void for_each_span(const ChannelLayout& l, F&& body, bool fence = false) {
   const int64_t C = l.C;
   if (l.channels_last) {
     at::parallel_for(0, l.outer, std::max<int64_t>(1, kChunkElems / C), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) body(r * C, C, int64_t(0), /*per_channel=*/true);
+      if (fence) stream_fence();
     });
   } else {
     const int64_t S = l.inner;
     at::parallel_for(0, l.outer * C, std::max<int64_t>(1, kChunkElems / S), [&](int64_t b, int64_t e) {
       for (int64_t plane = b; plane < e; ++plane) body(plane * S, S, plane % C, false);
+      if (fence) stream_fence();
     });
   }
 }
@@ -463,21 +474,37 @@ void backward_kernel(bn::Backward& b, const at::Tensor& scale, const at::Tensor&
     mdy[c] = s1 * inv_n;
     B[c] = inv * inv * (s2 / static_cast<acc_t>(n));
   }
-  for_each_span(b.layout, [&](int64_t off, int64_t L, int64_t c, bool per_channel) {
-    if (is_training) {
-      if (per_channel)
-        grad_input<scalar_t, acc_t, true>(dx + off, dy + off, x + off, L, A.data(), mdy.data(),
-                                          m.data(), B.data());
-      else
-        grad_input<scalar_t, acc_t, false>(dx + off, dy + off, x + off, L, &A[c], &mdy[c], &m[c],
-                                           &B[c]);
-    } else {
+  if (is_training) {
+    // A dx beyond the caches is written with non-temporal stores: no read-for-ownership of
+    // its lines, and x and dy are not evicted. (Walking this second pass backwards, to start
+    // on the x and dy the sums pass read last, measured no gain: the L3 does not keep them.)
+    const int64_t span = b.layout.channels_last ? C : b.layout.inner;
+    const bool stream = kCanStream && std::is_same_v<scalar_t, float> && span % 8 == 0 &&
+                        reinterpret_cast<uintptr_t>(dx) % 32 == 0 &&
+                        b.dx_phys.numel() * 4 > (int64_t{4} << 20);
+    auto pass = [&](auto streamed) {
+      constexpr bool kStream = decltype(streamed)::value;
+      for_each_span(b.layout, [&](int64_t off, int64_t L, int64_t c, bool per_channel) {
+        if (per_channel)
+          grad_input<scalar_t, acc_t, true, kStream>(dx + off, dy + off, x + off, L, A.data(),
+                                                     mdy.data(), m.data(), B.data());
+        else
+          grad_input<scalar_t, acc_t, false, kStream>(dx + off, dy + off, x + off, L, &A[c],
+                                                      &mdy[c], &m[c], &B[c]);
+      }, kStream);
+    };
+    if (stream)
+      pass(std::true_type{});
+    else
+      pass(std::false_type{});
+  } else {
+    for_each_span(b.layout, [&](int64_t off, int64_t L, int64_t c, bool per_channel) {
       if (per_channel)
         scale_only<scalar_t, acc_t, true>(dx + off, dy + off, L, A.data());
       else
         scale_only<scalar_t, acc_t, false>(dx + off, dy + off, L, &A[c]);
-    }
-  });
+    });
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>

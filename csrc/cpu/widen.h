@@ -5,6 +5,10 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
 namespace torch_tfgrads {
 
 using at::vec::Vectorized;
@@ -32,5 +36,18 @@ template <>
 struct Widen<c10::BFloat16, float> : WidenReduced<c10::BFloat16> {};
 template <>
 struct Widen<c10::Half, float> : WidenReduced<c10::Half> {};
+
+// Non-temporal stores of whole float vectors (AVX2 builds; p 32-byte aligned), for outputs
+// far beyond the caches that are written once: no read-for-ownership of their lines, no
+// eviction of the inputs. stream_fence() before the writing thread's work is published.
+#if defined(CPU_CAPABILITY_AVX2)
+constexpr bool kCanStream = true;
+inline void stream_store(float* p, const Vectorized<float>& v) { _mm256_stream_ps(p, v); }
+inline void stream_fence() { _mm_sfence(); }
+#else
+constexpr bool kCanStream = false;
+inline void stream_store(float* p, const Vectorized<float>& v) { v.store(p); }
+inline void stream_fence() {}
+#endif
 
 }  // namespace torch_tfgrads
