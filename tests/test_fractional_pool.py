@@ -369,3 +369,24 @@ def test_max_grad_large_float_input_streams_same_values():
     assert dx.numel() * 4 > 4 << 20
     assert torch.equal(dx, dx64.float())
     assert (dx != 0).sum() == (dy != 0).sum()  # one element per cell and channel
+
+
+def test_max_grad_cells_beyond_float_positions_stay_exact():
+    """A cell of more than 2^24 elements: in-cell positions are no longer exact float32 values,
+    so the gradient (and its double backward) take exact integer positions. The maximum sits
+    at an odd position above 2^24 that float32 rounds down onto its neighbour's position."""
+    side = 4100  # one 4100x4100 cell per image: 16.81M positions
+    p = side * side - 3  # 16809997 = 2 * 8404998 + 1: rounds (to even) to 16809996
+    assert float(torch.tensor(float(p), dtype=torch.float32)) == p - 1
+    x = torch.zeros(1, side, side, 8)
+    x[0, -1, -3, :] = 1.0  # position p
+    x[0, -1, -4, :] = 0.5  # position p - 1
+    out, rows, cols = T.fractional_max_pool(x, [1, side, side, 1], False, False, True, 1, 2)
+    assert out.shape == (1, 1, 1, 8) and rows.tolist() == [0, side]
+    dy = torch.arange(1.0, 9.0).view(1, 1, 1, 8)
+    dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, False)
+    nz = dx.nonzero()
+    assert nz.shape[0] == 8 and (nz[:, 1] == side - 1).all() and (nz[:, 2] == side - 3).all()
+    assert torch.equal(dx[0, -1, -3], dy.view(8))
+    back = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, out, dx, rows, cols, False)
+    assert torch.equal(back, dy)

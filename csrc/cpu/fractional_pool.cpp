@@ -342,6 +342,16 @@ bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
 // boundaries of overlapping cells) add: TF's scatter-add order, without zero-filling dx and
 // without an argmax buffer. Cells of one task are visited in order; tasks never share an
 // element (non-overlapping: one task per cell row; overlapping: per image and channel block).
+// Whether every in-cell position (row-major index, < rows x cols of the largest cell) is an
+// exact value of A.
+template <typename A>
+bool exact_positions(const GradPlan& g) {
+  int64_t rh = 0, cw = 0;
+  for (int64_t i = 0; i < g.rows.cells; ++i) rh = std::max(rh, g.rows.count(i));
+  for (int64_t j = 0; j < g.cols.cells; ++j) cw = std::max(cw, g.cols.count(j));
+  return std::is_integral_v<A> || rh * cw <= (int64_t{1} << std::numeric_limits<A>::digits);
+}
+
 template <typename scalar_t>
 struct MaxGradPass {
   using A = acc_t<scalar_t>;
@@ -354,6 +364,9 @@ struct MaxGradPass {
   int64_t sN, sH, sW, H, W, C, OH, OW;
   const GradPlan& g;
   int64_t cw_max;  // widest cell
+  // Positions in a cell are compared as acc_t values: exact below 2^24 for float. Cells with
+  // more elements (a huge input pooled to a few cells) take the int64 scalar path.
+  bool scalar_only = false;
   // Non-temporal stores (float, disjoint cells, whole aligned vectors, dx beyond the L2
   // caches): every element is written exactly once, so reading dx's lines in first is wasted.
   bool stream = false;
@@ -365,6 +378,7 @@ struct MaxGradPass {
         sN(x_.stride(0)), sH(x_.stride(1)), sW(x_.stride(2)), H(plan.H), W(plan.W), C(plan.C),
         OH(plan.rows.cells), OW(plan.cols.cells), g(plan), cw_max(0) {
     for (int64_t j = 0; j < OW; ++j) cw_max = std::max(cw_max, g.cols.count(j));
+    scalar_only = !exact_positions<A>(plan);
   }
 
   // kShared: cells may share boundary elements (overlapping): a cell's first row and first
@@ -444,7 +458,8 @@ struct MaxGradPass {
   // lose the row streams.)
   template <bool kShared, int RH>
   bool cell_row(int64_t b, int64_t i, int64_t d0, int64_t d1) const {
-    const int64_t dv = std::is_integral_v<scalar_t> ? d0 : d0 + (d1 - d0) / L * L;
+    const int64_t dv =
+        std::is_integral_v<scalar_t> || scalar_only ? d0 : d0 + (d1 - d0) / L * L;
     bool ok = true;
     if (dv < d1)
       for (int64_t j = 0; j < OW; ++j) ok &= cell_scalars(b, i, j, dv, d1);
@@ -611,11 +626,38 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
   auto gather = [&](auto tag) {
     using scalar_t = decltype(tag);
     using A = acc_t<scalar_t>;
-    std::unique_ptr<A[]> pos(new A[y.numel()]);
-    argmax_pass<scalar_t>(x, y, pos.get(), g);  // a mismatch was reported by the grad op
     const scalar_t* src = gin.const_data_ptr<scalar_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
     const int64_t OH = g.rows.cells, OW = g.cols.cells, C = g.C;
+    if (!exact_positions<A>(g)) {  // huge cells: each argmax with int64 positions, scalar
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const int64_t sN = x.stride(0), sH = x.stride(1), sW = x.stride(2);
+      at::parallel_for(0, g.N * OH, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+          const int64_t b = item / OH, i = item % OH;
+          for (int64_t j = 0; j < OW; ++j) {
+            for (int64_t d = 0; d < C; ++d) {
+              const scalar_t* xb = xp + b * sN + d;
+              int64_t bh = g.rows.start[i], bw = g.cols.start[j];
+              A best = static_cast<A>(xb[bh * sH + bw * sW]);
+              for (int64_t h = g.rows.start[i]; h <= g.rows.end[i]; ++h)
+                for (int64_t w = g.cols.start[j]; w <= g.cols.end[j]; ++w) {
+                  const A v = static_cast<A>(xb[h * sH + w * sW]);
+                  if (best < v) {
+                    best = v;
+                    bh = h;
+                    bw = w;
+                  }
+                }
+              dst[(item * OW + j) * C + d] = src[((b * g.H + bh) * g.W + bw) * C + d];
+            }
+          }
+        }
+      });
+      return;
+    }
+    std::unique_ptr<A[]> pos(new A[y.numel()]);
+    argmax_pass<scalar_t>(x, y, pos.get(), g);  // a mismatch was reported by the grad op
     at::parallel_for(0, g.N * OH, grain_for(OW * C), [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / OH, i = item % OH;
