@@ -77,6 +77,9 @@ def _extension():
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3"]  # no fast-math: TF parity
     cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
+    # GCC turns the loops that zero a kernel's accumulator arrays into memset calls, which
+    # forces those arrays onto the stack (a `rep stos` per tile, then loads into registers).
+    cxx.append("-fno-tree-loop-distribute-patterns")
 
     simd = "baseline"
     if not _env_flag("TFGRADS_CPU_BASELINE") and _cpu_has_avx2():
