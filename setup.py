@@ -79,7 +79,8 @@ def _extension():
     cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
     # GCC turns the loops that zero a kernel's accumulator arrays into memset calls, which
     # forces those arrays onto the stack (a `rep stos` per tile, then loads into registers).
-    cxx.append("-fno-tree-loop-distribute-patterns")
+    if _cxx_accepts(["-fno-tree-loop-distribute-patterns"]):
+        cxx.append("-fno-tree-loop-distribute-patterns")
 
     simd = "baseline"
     if not _env_flag("TFGRADS_CPU_BASELINE") and _cpu_has_avx2():

@@ -7,11 +7,13 @@
 // * Forward: parallel over (batch, output row); each cell is reduced over channel blocks held
 //   in Vectorized registers, in TF's scan order (rows outer, columns inner), so every lane
 //   performs exactly TF's sequence of float operations. Half types accumulate in float.
-// * Gradients gather instead of scattering: each input element sums the contributions of the
-//   (at most 2x2) cells covering it, in TF's cell order. No atomics, no races, deterministic,
-//   and the same rounding as TF's scatter (avg: double accumulator, then one cast).
-// * Max gradient: pass 1 recomputes every cell's argmax (first maximum in scan order, TF's tie
-//   rule) and checks it against orig_output; pass 2 gathers out_backprop through it.
+// * Avg gradient: gathers instead of scattering: each input element sums the contributions of
+//   the (at most 2x2) cells covering it, in TF's cell order. No atomics, no races,
+//   deterministic, and the same rounding as TF's scatter (double accumulator, then one cast).
+// * Max gradient: one pass over the cells in TF's order: each cell's argmax (first maximum in
+//   scan order, TF's tie rule) is recomputed and checked against orig_output, then the cell's
+//   elements get dy at the argmax and 0 elsewhere (added where overlapping cells share a
+//   boundary). Tasks never share an element.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -237,6 +239,43 @@ at::Tensor fractional_avg_pool_grad_cpu(c10::SymIntArrayRef orig_input_tensor_sh
 }
 
 // ---- FractionalMaxPoolGrad --------------------------------------------------------------------
+// TF's argmax of one channel of a cell, one element at a time with exact int64 coordinates:
+// the first element, then `best < v` takes v (the first maximum in scan order; NaN never
+// taken). xb: x at (b, 0, 0, d).
+template <typename scalar_t>
+struct ScalarMax {
+  acc_t<scalar_t> value;
+  int64_t h, w;
+};
+template <typename scalar_t>
+ScalarMax<scalar_t> cell_max_scalar(const scalar_t* xb, int64_t sH, int64_t sW, int64_t r0,
+                                    int64_t r1, int64_t c0, int64_t c1) {
+  using A = acc_t<scalar_t>;
+  ScalarMax<scalar_t> m{static_cast<A>(xb[r0 * sH + c0 * sW]), r0, c0};
+  for (int64_t h = r0; h <= r1; ++h) {
+    for (int64_t w = c0; w <= c1; ++w) {
+      const A v = static_cast<A>(xb[h * sH + w * sW]);
+      if (m.value < v) m = {v, h, w};
+    }
+  }
+  return m;
+}
+
+// The widest cell of an axis.
+inline int64_t widest(const AxisPlan& a) {
+  int64_t n = 0;
+  for (int64_t c = 0; c < a.cells; ++c) n = std::max(n, a.count(c));
+  return n;
+}
+
+// Whether every in-cell position (row-major index, < rows x cols of the largest cell) is an
+// exact value of A (below 2^24 for float).
+template <typename A>
+bool exact_positions(const GradPlan& g) {
+  return std::is_integral_v<A> ||
+         widest(g.rows) * widest(g.cols) <= (int64_t{1} << std::numeric_limits<A>::digits);
+}
+
 // Pass 1 stores, per output element, the position of its cell's maximum inside the cell
 // (row-major within the cell, 0 = the cell's first element), as a value of the accumulation
 // type so that the scan is branch-free Vectorized code: `best < v` selects both the value and
@@ -306,7 +345,6 @@ bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
       for (int64_t j = 0; j < OW; ++j) {
         const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j];
         const int64_t k = (item * OW + j) * C;
-        const scalar_t* cell = xp + b * sN + r0 * sH + c0 * sW;
         int64_t d = 0;
         if constexpr (kVector) {
           const CellRef<scalar_t> cr{xp + b * sN, sH, sW, r0, r1, c0, c1};
@@ -316,18 +354,9 @@ bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
             ok &= argmax_vectors<scalar_t, 1>(cr, d, pos + k + d, yp + k + d);
         }
         for (; d < C; ++d) {
-          A best = static_cast<A>(cell[d]), p = A(0), at = A(0);
-          for (int64_t h = r0; h <= r1; ++h) {
-            for (int64_t w = c0; w <= c1; ++w, p += A(1)) {
-              const A v = static_cast<A>(xp[b * sN + h * sH + w * sW + d]);
-              if (best < v) {
-                best = v;
-                at = p;
-              }
-            }
-          }
-          pos[k + d] = at;
-          ok &= best == static_cast<A>(yp[k + d]);
+          const auto m = cell_max_scalar(xp + b * sN + d, sH, sW, r0, r1, c0, c1);
+          pos[k + d] = static_cast<A>((m.h - r0) * (c1 - c0 + 1) + (m.w - c0));
+          ok &= m.value == static_cast<A>(yp[k + d]);
         }
       }
     }
@@ -342,16 +371,6 @@ bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
 // boundaries of overlapping cells) add: TF's scatter-add order, without zero-filling dx and
 // without an argmax buffer. Cells of one task are visited in order; tasks never share an
 // element (non-overlapping: one task per cell row; overlapping: per image and channel block).
-// Whether every in-cell position (row-major index, < rows x cols of the largest cell) is an
-// exact value of A.
-template <typename A>
-bool exact_positions(const GradPlan& g) {
-  int64_t rh = 0, cw = 0;
-  for (int64_t i = 0; i < g.rows.cells; ++i) rh = std::max(rh, g.rows.count(i));
-  for (int64_t j = 0; j < g.cols.cells; ++j) cw = std::max(cw, g.cols.count(j));
-  return std::is_integral_v<A> || rh * cw <= (int64_t{1} << std::numeric_limits<A>::digits);
-}
-
 template <typename scalar_t>
 struct MaxGradPass {
   using A = acc_t<scalar_t>;
@@ -377,7 +396,7 @@ struct MaxGradPass {
         dy(dy_.const_data_ptr<scalar_t>()), dx(dx_.mutable_data_ptr<scalar_t>()),
         sN(x_.stride(0)), sH(x_.stride(1)), sW(x_.stride(2)), H(plan.H), W(plan.W), C(plan.C),
         OH(plan.rows.cells), OW(plan.cols.cells), g(plan), cw_max(0) {
-    for (int64_t j = 0; j < OW; ++j) cw_max = std::max(cw_max, g.cols.count(j));
+    cw_max = widest(plan.cols);
     scalar_only = !exact_positions<A>(plan);
   }
 
@@ -483,19 +502,9 @@ struct MaxGradPass {
     const int64_t k_out = ((b * OH + i) * OW + j) * C;
     bool ok = true;
     for (int64_t d = d0; d < d1; ++d) {
-      A best = static_cast<A>(x[b * sN + r0 * sH + c0 * sW + d]);
-      int64_t bh = r0, bw = c0;
-      for (int64_t h = r0; h <= r1; ++h) {
-        for (int64_t w = c0; w <= c1; ++w) {
-          const A v = static_cast<A>(x[b * sN + h * sH + w * sW + d]);
-          if (best < v) {
-            best = v;
-            bh = h;
-            bw = w;
-          }
-        }
-      }
-      ok &= best == static_cast<A>(y[k_out + d]);
+      const auto m = cell_max_scalar(x + b * sN + d, sH, sW, r0, r1, c0, c1);
+      const int64_t bh = m.h, bw = m.w;
+      ok &= m.value == static_cast<A>(y[k_out + d]);
       const A grad = static_cast<A>(dy[k_out + d]);
       for (int64_t h = r0; h <= r1; ++h) {
         for (int64_t w = c0; w <= c1; ++w) {
@@ -637,19 +646,9 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
           const int64_t b = item / OH, i = item % OH;
           for (int64_t j = 0; j < OW; ++j) {
             for (int64_t d = 0; d < C; ++d) {
-              const scalar_t* xb = xp + b * sN + d;
-              int64_t bh = g.rows.start[i], bw = g.cols.start[j];
-              A best = static_cast<A>(xb[bh * sH + bw * sW]);
-              for (int64_t h = g.rows.start[i]; h <= g.rows.end[i]; ++h)
-                for (int64_t w = g.cols.start[j]; w <= g.cols.end[j]; ++w) {
-                  const A v = static_cast<A>(xb[h * sH + w * sW]);
-                  if (best < v) {
-                    best = v;
-                    bh = h;
-                    bw = w;
-                  }
-                }
-              dst[(item * OW + j) * C + d] = src[((b * g.H + bh) * g.W + bw) * C + d];
+              const auto m = cell_max_scalar(xp + b * sN + d, sH, sW, g.rows.start[i],
+                                             g.rows.end[i], g.cols.start[j], g.cols.end[j]);
+              dst[(item * OW + j) * C + d] = src[((b * g.H + m.h) * g.W + m.w) * C + d];
             }
           }
         }
