@@ -365,12 +365,15 @@ bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
   return same;
 }
 
-// The gradient in one pass over the cells, in TF's (i, j) order: each cell's argmax (as in
-// argmax_vectors), the orig_output check, then every element of the cell receives dy where it
-// is the maximum and 0 elsewhere. An element's first covering cell assigns, later ones (shared
-// boundaries of overlapping cells) add: TF's scatter-add order, without zero-filling dx and
-// without an argmax buffer. Cells of one task are visited in order; tasks never share an
-// element (non-overlapping: one task per cell row; overlapping: per image and channel block).
+// The gradient, with each cell's argmax (first maximum in scan order, TF's tie rule) recomputed
+// and checked against orig_output.
+// * Disjoint cells: one pass over the cells; each writes its elements, dy where it is the
+//   maximum and 0 elsewhere. One task per cell row.
+// * Overlapping cells: per image and channel block, the argmaxes of a cell row go to a
+//   two-row ring, then every dx row that no later cell row covers is gathered, element by
+//   element, from the (at most 2x2) cells covering it, in TF's cell order starting from 0 as
+//   TF's scatter-add does: dx is written once, without read-modify-write of shared boundaries.
+// Tasks never share an element.
 template <typename scalar_t>
 struct MaxGradPass {
   using A = acc_t<scalar_t>;
@@ -382,13 +385,21 @@ struct MaxGradPass {
   scalar_t* dx;
   int64_t sN, sH, sW, H, W, C, OH, OW;
   const GradPlan& g;
-  int64_t cw_max;  // widest cell
+  int64_t cw_max;  // widest cell; the position of (h, w) in a cell is h * cw_max + w
   // Positions in a cell are compared as acc_t values: exact below 2^24 for float. Cells with
   // more elements (a huge input pooled to a few cells) take the int64 scalar path.
   bool scalar_only = false;
-  // Non-temporal stores (float, disjoint cells, whole aligned vectors, dx beyond the L2
-  // caches): every element is written exactly once, so reading dx's lines in first is wasted.
+  // Non-temporal stores (float, whole aligned vectors, dx beyond the L2 caches): every
+  // element is written exactly once, so reading dx's lines in first is wasted.
   bool stream = false;
+  // Overlapping cells, per input column: its first covering cell `ja` and its column in it,
+  // and the next cell `jb` (where the column is that cell's first) or, if none covers it, `ja`
+  // again with the column NaN (a position no element has). Uncovered columns: NaN for both.
+  struct ColumnCells {
+    int64_t ja, jb;
+    A ka, kb;
+  };
+  std::vector<ColumnCells> columns;
 
   MaxGradPass(const at::Tensor& x_, const at::Tensor& y_, const at::Tensor& dy_, at::Tensor& dx_,
               const GradPlan& plan)
@@ -398,50 +409,67 @@ struct MaxGradPass {
         OH(plan.rows.cells), OW(plan.cols.cells), g(plan), cw_max(0) {
     cw_max = widest(plan.cols);
     scalar_only = !exact_positions<A>(plan);
+    const A none = std::numeric_limits<A>::quiet_NaN();
+    columns.resize(W);
+    for (int64_t w = 0; w < W; ++w) {
+      const int64_t f = plan.cols.first[w], l = plan.cols.last[w];
+      columns[w] = f > l ? ColumnCells{0, 0, none, none}
+                         : ColumnCells{f, l, static_cast<A>(w - plan.cols.start[f]),
+                                       l > f ? A(0) : none};
+    }
   }
 
-  // kShared: cells may share boundary elements (overlapping): a cell's first row and first
-  // column belong to the previous cell when that one covers them (TF's scatter order puts its
-  // contribution first), so there the cell adds to dx; everywhere else it assigns.
-  // Per channel vector, one sweep finds the maximum and its position in the cell with TF's
-  // update (`best < v` takes v: the first maximum in scan order wins, a NaN is never taken, a
-  // NaN first element stays and then fails the orig_output check); a second one writes dy
-  // where the position matches and 0 elsewhere, without reading x again.
-  // RH > 0: the cell row's height at compile time; CW > 0: every cell is at most CW columns
-  // wide and is swept as exactly CW columns, the extra ones repeating its last column, so
-  // both sweeps are straight-line code. A repeat never wins the maximum (its column came
-  // first) and gets a position no element has; a row's columns are stored last to first, so
-  // a repeat's 0 is overwritten by its real column. RH = CW = 0: runtime sizes.
-  // Channels [d0, d1) in whole vectors.
-  template <bool kShared, int RH, int CW>
+  // Channel vector xc[0, L) of one cell (rows [0, rh), columns [0, last] at row/pixel
+  // strides): the maximum and its position, with TF's update (`best < v` takes v: the first
+  // maximum in scan order wins, a NaN is never taken, a NaN first element stays and then fails
+  // the orig_output check). RH > 0: rh at compile time; CW > 0: the cell is swept as exactly CW
+  // columns (CW = cw_max), the extra ones repeating its last column, so the sweep is
+  // straight-line code; a repeat never wins (its column came first). RH = CW = 0: runtime sizes.
+  template <int RH, int CW>
+  static void cell_argmax(const scalar_t* xc, int64_t rh, int64_t last, int64_t stride,
+                          int64_t row, int64_t pixel, Vec& best, Vec& at) {
+    const int64_t cw = CW > 0 ? CW : last + 1;
+    best = Wd::load(xc);
+    at = Vec(A(0));
+#pragma GCC unroll 4
+    for (int64_t h = 0; h < (RH > 0 ? RH : rh); ++h) {
+#pragma GCC unroll 4
+      for (int64_t w = (h == 0 ? 1 : 0); w < cw; ++w) {
+        const Vec v = Wd::load(xc + h * row + (CW > 0 ? std::min(w, last) : w) * pixel);
+        const Vec take = best < v;
+        best = Vec::blendv(best, v, take);
+        at = Vec::blendv(at, Vec(static_cast<A>(h * stride + w)), take);
+      }
+    }
+  }
+
+  void store(scalar_t* o, const Vec& v) const {
+    if constexpr (std::is_same_v<scalar_t, float>)
+      if (stream) return stream_store(o, v);
+    Wd::store(o, v);
+  }
+
+  // ---- disjoint cells
+  // One cell, channels [d0, d1) in whole vectors: argmax, then dy where the position matches
+  // and 0 elsewhere, without reading x again. A row's columns are stored last to first, so a
+  // repeated column's 0 is overwritten by its real column.
+  template <int RH, int CW>
   bool cell_vectors(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1) const {
     const int64_t r0 = g.rows.start[i], c0 = g.cols.start[j];
     const int64_t rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
     const int64_t last = g.cols.end[j] - c0;  // the cell's last column, relative to c0
     const int64_t cw = CW > 0 ? CW : last + 1;
     auto col = [last](int64_t w) { return CW > 0 ? std::min(w, last) : w; };
-    auto code = [cw](int64_t h, int64_t w) { return Vec(static_cast<A>(h * cw + w)); };
     // Locals: vector stores may alias anything, so members would be reloaded after each one.
     const int64_t cell = ((b * OH + i) * OW + j) * C, row = sH, pixel = sW, opixel = C,
-                  orow = W * C;
+                  orow = W * C, stride = CW > 0 ? CW : cw_max;
     const scalar_t* xc = x + b * sN + r0 * sH + c0 * sW;
     const scalar_t *yc = y + cell, *gc = dy + cell;
     scalar_t* o = dx + ((b * H + r0) * W + c0) * C;
-    const bool shared_top = kShared && g.rows.first[r0] != i;
-    const bool shared_left = kShared && g.cols.first[c0] != j;
     int mismatch = 0;
     for (int64_t d = d0; d < d1; d += L) {
-      Vec best = Wd::load(xc + d), at(A(0));
-#pragma GCC unroll 4
-      for (int64_t h = 0; h < rh; ++h) {
-#pragma GCC unroll 4
-        for (int64_t w = (h == 0 ? 1 : 0); w < cw; ++w) {
-          const Vec v = Wd::load(xc + h * row + col(w) * pixel + d);
-          const Vec take = best < v;
-          best = Vec::blendv(best, v, take);
-          at = Vec::blendv(at, code(h, w), take);
-        }
-      }
+      Vec best, at;
+      cell_argmax<RH, CW>(xc + d, rh, last, stride, row, pixel, best, at);
       mismatch |= (best == Wd::load(yc + d)).zero_mask();
       const Vec grad = Wd::load(gc + d);
 #pragma GCC unroll 4
@@ -449,53 +477,115 @@ struct MaxGradPass {
         Vec out[CW > 0 ? CW : 1];
 #pragma GCC unroll 4
         for (int64_t w = 0; w < cw; ++w) {
-          out[CW > 0 ? w : 0] = grad & (at == code(h, w));
-          if (CW == 0)
-            store(o + h * orow + w * opixel + d, out[0], add(h, w, shared_top, shared_left));
+          out[CW > 0 ? w : 0] = grad & (at == Vec(static_cast<A>(h * stride + w)));
+          if (CW == 0) store(o + h * orow + w * opixel + d, out[0]);
         }
 #pragma GCC unroll 4
         for (int64_t w = cw - 1; CW > 0 && w >= 0; --w)
-          store(o + h * orow + col(w) * opixel + d, out[CW > 0 ? w : 0],
-                add(h, col(w), shared_top, shared_left));
+          store(o + h * orow + col(w) * opixel + d, out[CW > 0 ? w : 0]);
       }
     }
     return mismatch == 0;
-  }
-
-  static bool add(int64_t h, int64_t w, bool shared_top, bool shared_left) {
-    return (h == 0 && shared_top) || (w == 0 && shared_left);
-  }
-  void store(scalar_t* o, const Vec& v, bool add) const {
-    if constexpr (std::is_same_v<scalar_t, float>)
-      if (stream) return stream_store(o, v);  // never with add
-    Wd::store(o, add ? Wd::load(o) + v : v);
   }
 
   // One row of cells in order, channels [d0, d1), swept as cw_max columns. (Visiting
   // disjoint cells grouped by width instead, each group with its exact width, saves the
   // repeated columns but was 1.5-2x slower on inputs beyond L2: the hardware prefetchers
   // lose the row streams.)
-  template <bool kShared, int RH>
-  bool cell_row(int64_t b, int64_t i, int64_t d0, int64_t d1) const {
-    const int64_t dv =
-        std::is_integral_v<scalar_t> || scalar_only ? d0 : d0 + (d1 - d0) / L * L;
+  template <int RH>
+  bool cell_row(int64_t b, int64_t i, int64_t d0, int64_t dv) const {
     bool ok = true;
-    if (dv < d1)
-      for (int64_t j = 0; j < OW; ++j) ok &= cell_scalars(b, i, j, dv, d1);
-    if constexpr (!std::is_integral_v<scalar_t>) {  // integers: scalars only
-      if (dv == d0) return ok;
-      for (int64_t j = 0; j < OW; ++j) {
-        switch (cw_max) {
-          case 1: ok &= cell_vectors<kShared, RH, 1>(b, i, j, d0, dv); break;
-          case 2: ok &= cell_vectors<kShared, RH, 2>(b, i, j, d0, dv); break;
-          case 3: ok &= cell_vectors<kShared, RH, 3>(b, i, j, d0, dv); break;
-          default: ok &= cell_vectors<kShared, 0, 0>(b, i, j, d0, dv);
-        }
+    for (int64_t j = 0; j < OW; ++j) {
+      switch (cw_max) {
+        case 1: ok &= cell_vectors<RH, 1>(b, i, j, d0, dv); break;
+        case 2: ok &= cell_vectors<RH, 2>(b, i, j, d0, dv); break;
+        case 3: ok &= cell_vectors<RH, 3>(b, i, j, d0, dv); break;
+        default: ok &= cell_vectors<0, 0>(b, i, j, d0, dv);
       }
     }
     return ok;
   }
 
+  // ---- overlapping cells
+  // Argmaxes of cell row i, channels [d0, d1) in whole vectors, into pos[OW][d1 - d0].
+  template <int RH, int CW>
+  bool argmax_cells(int64_t b, int64_t i, int64_t d0, int64_t d1, A* pos) const {
+    const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
+    const int64_t row = sH, pixel = sW, nd = d1 - d0, stride = CW > 0 ? CW : cw_max;
+    int mismatch = 0;
+    for (int64_t j = 0; j < OW; ++j) {
+      const int64_t c0 = g.cols.start[j], last = g.cols.end[j] - c0;
+      const scalar_t* xc = x + b * sN + r0 * row + c0 * pixel;
+      const scalar_t* yc = y + ((b * OH + i) * OW + j) * C;
+      for (int64_t d = d0; d < d1; d += L) {
+        Vec best, at;
+        cell_argmax<RH, CW>(xc + d, rh, last, stride, row, pixel, best, at);
+        at.store(pos + j * nd + (d - d0));
+        mismatch |= (best == Wd::load(yc + d)).zero_mask();
+      }
+    }
+    return mismatch == 0;
+  }
+  template <int RH>
+  bool argmax_row(int64_t b, int64_t i, int64_t d0, int64_t d1, A* pos) const {
+    switch (cw_max) {
+      case 2: return argmax_cells<RH, 2>(b, i, d0, d1, pos);
+      case 3: return argmax_cells<RH, 3>(b, i, d0, d1, pos);
+      default: return argmax_cells<0, 0>(b, i, d0, d1, pos);
+    }
+  }
+
+  // dx row h of image b, channels d0 + [0, nd): each element is 0 plus, in TF's cell order,
+  // dy of each covering cell whose argmax it is. Cell rows ia and ib cover the row (kTwo: two
+  // of them, and h is ib's first row); their argmaxes are in the ring.
+  template <bool kTwo>
+  void gather_row(int64_t b, int64_t h, int64_t d0, int64_t nd, const A* ring) const {
+    const int64_t ia = g.rows.first[h], ib = g.rows.last[h], cells = OW * nd, c = C;
+    const Vec ra(static_cast<A>((h - g.rows.start[ia]) * cw_max));
+    const A *pa = ring + (ia & 1) * cells, *pb = ring + (ib & 1) * cells;
+    const scalar_t* ga = dy + (b * OH + ia) * OW * C + d0;
+    const scalar_t* gb = dy + (b * OH + ib) * OW * C + d0;
+    scalar_t* o = dx + (b * H + h) * W * C + d0;
+    const ColumnCells* cols = columns.data();
+    for (int64_t w = 0; w < W; ++w, o += c) {
+      const ColumnCells m = cols[w];
+      const Vec ka(m.ka), kb(m.kb), ca = ra + ka, cb = ra + kb;
+      const int64_t a = m.ja * nd, bb = m.jb * nd, ag = m.ja * c, bg = m.jb * c;
+      for (int64_t d = 0; d < nd; d += L) {
+        Vec acc = Vec(A(0)) + (Wd::load(ga + ag + d) & (Vec::loadu(pa + a + d) == ca));
+        acc = acc + (Wd::load(ga + bg + d) & (Vec::loadu(pa + bb + d) == cb));
+        if (kTwo) {
+          acc = acc + (Wd::load(gb + ag + d) & (Vec::loadu(pb + a + d) == ka));
+          acc = acc + (Wd::load(gb + bg + d) & (Vec::loadu(pb + bb + d) == kb));
+        }
+        store(o + d, acc);
+      }
+    }
+  }
+
+  // Image b, channels [d0, d1) in whole vectors.
+  bool shared_image(int64_t b, int64_t d0, int64_t d1) const {
+    const int64_t nd = d1 - d0;
+    std::vector<A> ring(2 * OW * nd);
+    bool ok = true;
+    int64_t h = 0;
+    for (int64_t i = 0; i < OH; ++i) {
+      A* pos = ring.data() + (i & 1) * OW * nd;
+      switch (g.rows.count(i)) {
+        case 2: ok &= argmax_row<2>(b, i, d0, d1, pos); break;
+        case 3: ok &= argmax_row<3>(b, i, d0, d1, pos); break;
+        default: ok &= argmax_row<0>(b, i, d0, d1, pos);
+      }
+      for (; h < H && g.rows.last[h] <= i; ++h) {  // rows no later cell row covers
+        if (g.rows.first[h] == g.rows.last[h]) gather_row<false>(b, h, d0, nd, ring.data());
+        if (g.rows.first[h] < g.rows.last[h]) gather_row<true>(b, h, d0, nd, ring.data());
+      }
+    }
+    return ok;
+  }
+
+  // ---- scalar channels (integers, the channels after the last whole vector, huge cells)
+  // Cells in TF's order; an element's first covering cell assigns, later ones add.
   bool cell_scalars(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1) const {
     const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
     const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j];
@@ -523,18 +613,38 @@ struct MaxGradPass {
     return ok;
   }
 
-  // Cells rows [i0, i1) x all columns of image b, channels [d0, d1).
-  template <bool kShared>
-  bool run(int64_t b, int64_t i0, int64_t i1, int64_t d0, int64_t d1) const {
+  // The end of the whole vectors in [d0, d1) (d0 where only scalars apply).
+  int64_t vector_end(int64_t d0, int64_t d1) const {
+    return std::is_integral_v<scalar_t> || scalar_only ? d0 : d0 + (d1 - d0) / L * L;
+  }
+
+  // Disjoint cells: cell row i of image b, all channels.
+  bool disjoint_row(int64_t b, int64_t i) const {
+    const int64_t dv = vector_end(0, C);
     bool ok = true;
-    for (int64_t i = i0; i < i1; ++i) {
-      switch (g.rows.end[i] - g.rows.start[i] + 1) {
-        case 1: ok &= cell_row<kShared, 1>(b, i, d0, d1); break;
-        case 2: ok &= cell_row<kShared, 2>(b, i, d0, d1); break;
-        case 3: ok &= cell_row<kShared, 3>(b, i, d0, d1); break;
-        default: ok &= cell_row<kShared, 0>(b, i, d0, d1);
+    if (dv < C)
+      for (int64_t j = 0; j < OW; ++j) ok &= cell_scalars(b, i, j, dv, C);
+    if constexpr (!std::is_integral_v<scalar_t>) {  // integers: scalars only
+      if (dv == 0) return ok;
+      switch (g.rows.count(i)) {
+        case 1: return cell_row<1>(b, i, 0, dv) && ok;
+        case 2: return cell_row<2>(b, i, 0, dv) && ok;
+        case 3: return cell_row<3>(b, i, 0, dv) && ok;
+        default: return cell_row<0>(b, i, 0, dv) && ok;
       }
     }
+    return ok;
+  }
+
+  // Overlapping cells: image b, channels [d0, d1).
+  bool overlapping_block(int64_t b, int64_t d0, int64_t d1) const {
+    const int64_t dv = vector_end(d0, d1);
+    bool ok = true;
+    if (dv < d1)
+      for (int64_t i = 0; i < OH; ++i)
+        for (int64_t j = 0; j < OW; ++j) ok &= cell_scalars(b, i, j, dv, d1);
+    if constexpr (!std::is_integral_v<scalar_t>)  // integers: scalars only
+      if (dv > d0) ok &= shared_image(b, d0, dv);
     return ok;
   }
 };
@@ -544,7 +654,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
                      at::Tensor& dx, const GradPlan& g, bool overlapping) {
   const int64_t OH = g.rows.cells, C = g.C;
   MaxGradPass<scalar_t> pass(x, y, dy, dx, g);
-  pass.stream = kCanStream && std::is_same_v<scalar_t, float> && !overlapping && C % 8 == 0 &&
+  pass.stream = kCanStream && std::is_same_v<scalar_t, float> && C % 8 == 0 &&
                 reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
                 dx.numel() * 4 > (4 << 20);
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
@@ -560,7 +670,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   if (!overlapping) {  // cells are disjoint: any cell row is its own task
     at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        if (!pass.template run<false>(t / OH, t % OH, t % OH + 1, 0, C)) same = false;
+        if (!pass.disjoint_row(t / OH, t % OH)) same = false;
       if (pass.stream) stream_fence();
     });
   } else {  // boundaries are shared between cell rows: one task per image and channel block
@@ -569,8 +679,9 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
-        if (!pass.template run<true>(t / blocks, 0, OH, d0, d1)) same = false;
+        if (!pass.overlapping_block(t / blocks, d0, d1)) same = false;
       }
+      if (pass.stream) stream_fence();
     });
   }
   TORCH_CHECK(same, "fractional_max_pool_grad: argument 'orig_output': ",
