@@ -357,18 +357,27 @@ def test_max_grad_every_cell_shape_against_reference(ratio, overlapping):
         assert np.array_equal(dx.numpy(), ref)
 
 
-def test_max_grad_large_float_input_streams_same_values():
-    """A float32 gradient beyond 4 MiB (disjoint cells) is written with non-temporal stores;
-    it must equal the float64 computation on the same values (no rounding is involved)."""
+@pytest.mark.parametrize("overlapping", [False, True])
+def test_max_grad_large_float_input_streams_same_values(overlapping):
+    """A float32 gradient beyond 4 MiB is written with non-temporal stores; it must equal the
+    float64 computation on the same values (integer-valued dy: the sums on shared boundaries
+    of overlapping cells are exact) and the reference scatter."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-50, 50, (4, 96, 96, 40), generator=g).float()
-    out, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.73, 1], False, False, True, 1, 2)
-    dy = torch.randn(out.shape, generator=g)
-    dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, False)
-    dx64 = T.fractional_max_pool_grad(x.double(), out.double(), dy.double(), rows, cols, False)
+    out, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.73, 1], False, overlapping, True, 1, 2)
+    dy = torch.randint(1, 9, out.shape, generator=g).float()
+    dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
+    dx64 = T.fractional_max_pool_grad(x.double(), out.double(), dy.double(), rows, cols,
+                                      overlapping)
     assert dx.numel() * 4 > 4 << 20
     assert torch.equal(dx, dx64.float())
-    assert (dx != 0).sum() == (dy != 0).sum()  # one element per cell and channel
+    assert dx.sum() == dy.sum()  # every cell's gradient lands exactly once
+    if overlapping:
+        ref = R.fractional_max_pool_grad_ref(x[:1].numpy(), out[:1].numpy(), dy[:1].numpy(),
+                                             rows.tolist(), cols.tolist(), True)
+        assert np.array_equal(dx[:1].numpy(), ref)
+    else:
+        assert (dx != 0).sum() == (dy != 0).sum()  # one element per cell and channel
 
 
 def test_max_grad_cells_beyond_float_positions_stay_exact():

@@ -215,3 +215,22 @@ def test_float16_is_an_extension_tf_rejects(tf):
     out = T.fractional_avg_pool(x.half(), R4, False, False, True, 1, 1)[0]
     ref = T.fractional_avg_pool(x.half().float(), R4, False, False, True, 1, 1)[0]
     torch.testing.assert_close(out.float(), ref, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("C", [5, 16])  # scalar channels only; whole vectors
+def test_max_grad_negative_zero_gradient_like_tensorflow(tf, overlapping, C):
+    """TF zero-fills the gradient, then adds dy at each argmax: a -0.0 in dy lands as +0.0 and
+    equal-valued sums keep TF's order. Compared bit for bit (sign of zero included) with TF."""
+    g = torch.Generator().manual_seed(C + overlapping)
+    x = torch.randint(-3, 4, (2, 9, 11, C), generator=g).float()
+    y, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.6, 1], False, overlapping, True, 3, 4)
+    dy = torch.randint(-2, 3, y.shape, generator=g).float()
+    dy[torch.rand(y.shape, generator=g) < 0.5] = -0.0
+    ours = T.fractional_max_pool_grad(x, y, dy, rows, cols, overlapping)
+    theirs = torch.from_numpy(tf.raw_ops.FractionalMaxPoolGrad(
+        orig_input=x.numpy(), orig_output=y.numpy(), out_backprop=dy.numpy(),
+        row_pooling_sequence=rows.numpy(), col_pooling_sequence=cols.numpy(),
+        overlapping=overlapping).numpy())
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+    assert (dy.signbit() & (dy == 0)).any() and not ours.signbit()[ours == 0].any()

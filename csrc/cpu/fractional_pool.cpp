@@ -471,7 +471,7 @@ struct MaxGradPass {
       Vec best, at;
       cell_argmax<RH, CW>(xc + d, rh, last, stride, row, pixel, best, at);
       mismatch |= (best == Wd::load(yc + d)).zero_mask();
-      const Vec grad = Wd::load(gc + d);
+      const Vec grad = Vec(A(0)) + Wd::load(gc + d);  // 0 + dy as TF's scatter-add: -0 -> +0
 #pragma GCC unroll 4
       for (int64_t h = 0; h < rh; ++h) {
         Vec out[CW > 0 ? CW : 1];
@@ -537,9 +537,10 @@ struct MaxGradPass {
 
   // dx row h of image b, channels d0 + [0, nd): each element is 0 plus, in TF's cell order,
   // dy of each covering cell whose argmax it is. Cell rows ia and ib cover the row (kTwo: two
-  // of them, and h is ib's first row); their argmaxes are in the ring.
-  template <bool kTwo>
-  void gather_row(int64_t b, int64_t h, int64_t d0, int64_t nd, const A* ring) const {
+  // of them, and h is ib's first row); their argmaxes are in the ring. NV > 0: nd = NV * L.
+  template <bool kTwo, int NV>
+  void gather_row(int64_t b, int64_t h, int64_t d0, int64_t nd_, const A* ring) const {
+    const int64_t nd = NV > 0 ? NV * L : nd_;
     const int64_t ia = g.rows.first[h], ib = g.rows.last[h], cells = OW * nd, c = C;
     const Vec ra(static_cast<A>((h - g.rows.start[ia]) * cw_max));
     const A *pa = ring + (ia & 1) * cells, *pb = ring + (ib & 1) * cells;
@@ -551,6 +552,7 @@ struct MaxGradPass {
       const ColumnCells m = cols[w];
       const Vec ka(m.ka), kb(m.kb), ca = ra + ka, cb = ra + kb;
       const int64_t a = m.ja * nd, bb = m.jb * nd, ag = m.ja * c, bg = m.jb * c;
+#pragma GCC unroll 8
       for (int64_t d = 0; d < nd; d += L) {
         Vec acc = Vec(A(0)) + (Wd::load(ga + ag + d) & (Vec::loadu(pa + a + d) == ca));
         acc = acc + (Wd::load(ga + bg + d) & (Vec::loadu(pa + bb + d) == cb));
@@ -561,6 +563,11 @@ struct MaxGradPass {
         store(o + d, acc);
       }
     }
+  }
+  template <int NV>
+  void gather_rows(int64_t b, int64_t h, int64_t d0, int64_t nd, const A* ring) const {
+    if (g.rows.first[h] == g.rows.last[h]) gather_row<false, NV>(b, h, d0, nd, ring);
+    if (g.rows.first[h] < g.rows.last[h]) gather_row<true, NV>(b, h, d0, nd, ring);
   }
 
   // Image b, channels [d0, d1) in whole vectors.
@@ -577,8 +584,12 @@ struct MaxGradPass {
         default: ok &= argmax_row<0>(b, i, d0, d1, pos);
       }
       for (; h < H && g.rows.last[h] <= i; ++h) {  // rows no later cell row covers
-        if (g.rows.first[h] == g.rows.last[h]) gather_row<false>(b, h, d0, nd, ring.data());
-        if (g.rows.first[h] < g.rows.last[h]) gather_row<true>(b, h, d0, nd, ring.data());
+        switch (nd / L * L == nd ? nd / L : 0) {
+          case 2: gather_rows<2>(b, h, d0, nd, ring.data()); break;
+          case 4: gather_rows<4>(b, h, d0, nd, ring.data()); break;
+          case 8: gather_rows<8>(b, h, d0, nd, ring.data()); break;
+          default: gather_rows<0>(b, h, d0, nd, ring.data());
+        }
       }
     }
     return ok;
@@ -601,7 +612,7 @@ struct MaxGradPass {
           const A v = (h == bh && w == bw) ? grad : A(0);
           scalar_t* o = dx + ((b * H + h) * W + w) * C + d;
           if (g.rows.first[h] == i && g.cols.first[w] == j) {
-            *o = static_cast<scalar_t>(v);
+            *o = static_cast<scalar_t>(A(0) + v);  // 0 + dy as TF's scatter-add: -0 -> +0
           } else if constexpr (std::is_integral_v<A>) {
             *o = wrap_add(static_cast<A>(*o), v);
           } else {
