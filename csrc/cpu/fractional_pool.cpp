@@ -10,10 +10,10 @@
 // * Avg gradient: gathers instead of scattering: each input element sums the contributions of
 //   the (at most 2x2) cells covering it, in TF's cell order. No atomics, no races,
 //   deterministic, and the same rounding as TF's scatter (double accumulator, then one cast).
-// * Max gradient: one pass over the cells in TF's order: each cell's argmax (first maximum in
-//   scan order, TF's tie rule) is recomputed and checked against orig_output, then the cell's
-//   elements get dy at the argmax and 0 elsewhere (added where overlapping cells share a
-//   boundary). Tasks never share an element.
+// * Max gradient: each cell's argmax (first maximum in scan order, TF's tie rule) is
+//   recomputed and checked against orig_output. Disjoint cells then write their elements, dy
+//   at the argmax and 0 elsewhere; overlapping cells keep a cell row's argmaxes, and each dx
+//   row is gathered once from the cells covering it, in TF's order (MaxGradPass).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
