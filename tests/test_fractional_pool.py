@@ -344,12 +344,15 @@ def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C)
                                    (1.44, 3.1), (4.2, 2.0)], ids=str)
 def test_max_grad_every_cell_shape_against_reference(ratio, overlapping):
     """Cells up to 3x3 run straight-line code per cell-row height and widest cell (narrower
-    cells repeat their last column); larger ones the loops. Every combination against TF's
-    reference scatter, with ties so that the first-maximum rule matters."""
+    cells repeat their last column), in the max forward and gradient; larger ones the loops.
+    Every combination against TF's reference pooling and scatter, with ties so that the
+    first-maximum rule matters."""
     g = torch.Generator().manual_seed(int(ratio[0] * 100 + ratio[1] * 10 + overlapping))
     x = torch.randint(-2, 3, (2, 23, 19, 24), generator=g).float()
     for pseudo in (False, True):
         out, rows, cols = T.fractional_max_pool(x, [1, *ratio, 1], pseudo, overlapping, True, 3, 4)
+        assert np.array_equal(out.numpy(), R.fractional_pool_ref(
+            x.numpy(), rows.tolist(), cols.tolist(), overlapping, "max"))
         dy = torch.randn(out.shape, generator=g)
         dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
         ref = R.fractional_max_pool_grad_ref(x.numpy(), out.numpy(), dy.numpy(), rows.tolist(),

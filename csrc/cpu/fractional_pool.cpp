@@ -47,6 +47,13 @@ int64_t grain_for(int64_t elems_per_item) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, elems_per_item));
 }
 
+// The widest cell of an axis.
+inline int64_t widest(const AxisPlan& a) {
+  int64_t n = 0;
+  for (int64_t c = 0; c < a.cells; ++c) n = std::max(n, a.count(c));
+  return n;
+}
+
 // Integer sums wrap like TF's T-typed accumulator (no signed-overflow UB here).
 template <typename T>
 T wrap_add(T a, T b) {
@@ -113,6 +120,49 @@ void reduce_scalars(const Cell& cell, int64_t d0, int64_t C, scalar_t* out) {
   }
 }
 
+// Max over the cells of one output row, channels [0, dv) in whole vectors, as straight-line
+// code for cells of RH rows and at most CW columns: narrower cells repeat their last column,
+// which never changes a maximum (TF's `out < v` keeps the first of equal values). Loops over
+// the irregular 1-2-1-2 cell sizes mispredict at almost every cell.
+template <typename scalar_t, int RH, int CW>
+void max_row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols,
+                     int64_t C, int64_t dv, scalar_t* out) {
+  using A = acc_t<scalar_t>;
+  using Wd = Widen<scalar_t, A>;
+  using Vec = Vectorized<A>;
+  constexpr int64_t L = Vec::size();
+  const Vec init(static_cast<A>(std::numeric_limits<scalar_t>::lowest()));
+  for (int64_t j = 0; j < cols.cells; ++j) {
+    const int64_t c0 = cols.start[j], last = cols.end[j] - c0;
+    const scalar_t* xc = xr + c0 * sW;
+    scalar_t* o = out + j * C;
+    for (int64_t d = 0; d < dv; d += L) {
+      Vec acc = init;
+#pragma GCC unroll 4
+      for (int64_t h = 0; h < RH; ++h) {
+#pragma GCC unroll 4
+        for (int64_t w = 0; w < CW; ++w) {
+          const Vec v = Wd::load(xc + h * sH + std::min(w, last) * sW + d);
+          acc = Vec::blendv(acc, v, acc < v);
+        }
+      }
+      Wd::store(o + d, acc);
+    }
+  }
+}
+
+// The straight-line max row for this cell-row height and widest cell; false if none applies.
+template <typename scalar_t, int RH>
+bool max_row_fixed(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols,
+                   int64_t cw_max, int64_t C, int64_t dv, scalar_t* out) {
+  switch (cw_max) {
+    case 1: max_row_vectors<scalar_t, RH, 1>(xr, sH, sW, cols, C, dv, out); return true;
+    case 2: max_row_vectors<scalar_t, RH, 2>(xr, sH, sW, cols, C, dv, out); return true;
+    case 3: max_row_vectors<scalar_t, RH, 3>(xr, sH, sW, cols, C, dv, out); return true;
+    default: return false;
+  }
+}
+
 template <typename scalar_t, bool kMax>
 void pool_kernel(const at::Tensor& x, at::Tensor& out, const AxisPlan& rows,
                  const AxisPlan& cols) {
@@ -123,9 +173,30 @@ void pool_kernel(const at::Tensor& x, at::Tensor& out, const AxisPlan& rows,
   constexpr bool kVector = !std::is_integral_v<scalar_t>;
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   const int64_t per_row = (x.size(1) / OH + 1) * x.size(2) * C;
+  const int64_t cw_max = widest(cols);
   at::parallel_for(0, N * OH, grain_for(per_row), [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / OH, i = item % OH;
+      if constexpr (kMax && kVector) {
+        const int64_t dv = C / L * L;
+        const scalar_t* xr = xp + b * sN + rows.start[i] * sH;
+        scalar_t* o = op + item * OW * C;
+        bool done = false;
+        switch (rows.count(i)) {
+          case 1: done = max_row_fixed<scalar_t, 1>(xr, sH, sW, cols, cw_max, C, dv, o); break;
+          case 2: done = max_row_fixed<scalar_t, 2>(xr, sH, sW, cols, cw_max, C, dv, o); break;
+          case 3: done = max_row_fixed<scalar_t, 3>(xr, sH, sW, cols, cw_max, C, dv, o); break;
+        }
+        if (done) {
+          if (dv < C)
+            for (int64_t j = 0; j < OW; ++j)
+              reduce_scalars<scalar_t, kMax>(
+                  Cell{xp + b * sN, sH, sW, rows.start[i], rows.end[i], cols.start[j],
+                       cols.end[j]},
+                  dv, C, o + j * C);
+          continue;
+        }
+      }
       for (int64_t j = 0; j < OW; ++j) {
         scalar_t* o = op + (item * OW + j) * C;
         Cell cell{xp + b * sN, sH, sW, rows.start[i], rows.end[i], cols.start[j], cols.end[j]};
@@ -259,13 +330,6 @@ ScalarMax<scalar_t> cell_max_scalar(const scalar_t* xb, int64_t sH, int64_t sW, 
     }
   }
   return m;
-}
-
-// The widest cell of an axis.
-inline int64_t widest(const AxisPlan& a) {
-  int64_t n = 0;
-  for (int64_t c = 0; c < a.cells; ++c) n = std::max(n, a.count(c));
-  return n;
 }
 
 // Whether every in-cell position (row-major index, < rows x cols of the largest cell) is an
