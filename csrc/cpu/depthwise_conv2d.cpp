@@ -84,6 +84,35 @@ inline void stream_copy(void* dst, const void* src, int64_t bytes) {
 inline void stream_copy(void* dst, const void* src, int64_t bytes) { std::memcpy(dst, src, bytes); }
 #endif
 
+// Streams a staged row to its destination a slice at a time while the next row is computed:
+// issued in one burst at the end of a row, the non-temporal stores stall on the few
+// write-combining buffers; spread over the next row's tiles they drain behind its FMAs.
+class RowStreamer {
+ public:
+  // Finishes the previous row, then queues this one (bytes to go out in `slices` steps).
+  void start(void* dst, const void* src, int64_t bytes, int64_t slices) {
+    finish();
+    dst_ = static_cast<char*>(dst);
+    src_ = static_cast<const char*>(src);
+    left_ = bytes;
+    slice_ = (bytes / std::max<int64_t>(1, slices) + 63) / 64 * 64;
+  }
+  void step() { copy(std::min(slice_, left_)); }
+  void finish() { copy(left_); }
+
+ private:
+  void copy(int64_t n) {
+    if (n <= 0) return;
+    stream_copy(dst_, src_, n);
+    dst_ += n;
+    src_ += n;
+    left_ -= n;
+  }
+  char* dst_ = nullptr;
+  const char* src_ = nullptr;
+  int64_t left_ = 0, slice_ = 0;
+};
+
 // Channels [c0, c1) of n consecutive pixels of C channels; locality 3: into L1, 1: into L2.
 template <typename T>
 inline void prefetch_pixels(const T* first, int64_t n, int64_t C, int64_t c0, int64_t c1,
@@ -364,17 +393,23 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
               p.C % 16 == 0 && reinterpret_cast<uintptr_t>(p.dst) % 64 == 0;
   const bool streaming = large && !pd.stream;  // through the row buffer
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
-    std::vector<scalar_t> row_buf(streaming ? row_elems + 64 : 0);
-    scalar_t* stage = nullptr;
+    // Two staging rows: one being computed, the previous one being streamed out.
+    const int64_t padded = (row_elems + 63) / 64 * 64;
+    std::vector<scalar_t> row_buf(streaming ? 2 * padded + 64 : 0);
+    scalar_t* stage[2] = {nullptr, nullptr};
     if (streaming) {
       auto addr = (reinterpret_cast<uintptr_t>(row_buf.data()) + 63) & ~uintptr_t{63};
-      stage = reinterpret_cast<scalar_t*>(addr);
+      stage[0] = reinterpret_cast<scalar_t*>(addr);
+      stage[1] = stage[0] + padded;
     }
+    // Tile steps per row, roughly: the previous row goes out in that many slices.
+    const int64_t steps = std::max<int64_t>(1, p.Wd / 8) * ((p.C + kChannelChunk - 1) / kChannelChunk);
+    RowStreamer out;
     for (int64_t nr = begin; nr < end; ++nr) {
       const int64_t n = nr / p.Hd, r = nr % p.Hd;
       const scalar_t* simg = p.src + n * p.Hs * p.Ws * p.C;
       scalar_t* const dst_row = p.dst + nr * row_elems;
-      scalar_t* drow = streaming ? stage : dst_row;
+      scalar_t* drow = streaming ? stage[nr & 1] : dst_row;
       const int64_t* rk = rows.k.data() + rows.offset[r];
       const int64_t* rs = rows.src.data() + rows.offset[r];
       const int64_t nrt = rows.count(r);
@@ -389,6 +424,7 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
         const int64_t c1 = std::min(p.C, c0 + kChannelChunk);
         for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
           for (int64_t q = q0; q < p.Wd;) {
+            if (streaming) out.step();
             // The end of a run shorter than a tile is done as a tile that starts earlier in
             // the same run (recomputing a few pixels) rather than pixel by pixel.
             const int64_t back4 = q - (4 - run[q]) * p.qstep;
@@ -425,8 +461,9 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
           }
         }
       }
-      if (streaming) stream_copy(dst_row, stage, row_elems * sizeof(scalar_t));
+      if (streaming) out.start(dst_row, drow, row_elems * sizeof(scalar_t), steps);
     }
+    out.finish();
     if (large) stream_fence();
   });
 }
