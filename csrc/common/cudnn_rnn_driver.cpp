@@ -454,7 +454,10 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
                                       : h0[p].unsqueeze(0);
       matmul_into(cells, g.R, dgh.reshape({TB, cfg.GU()}).t(), h_prev_all.reshape({TB, Hh}),
                   false);
-      g.bR.copy_(dgh.view({TB, cfg.GU()}).sum(0));
+      if (dgh.is_same(dgx))  // LSTM: both biases feed the same gate pre-activations
+        g.bR.copy_(g.bW);
+      else
+        g.bR.copy_(dgh.view({TB, cfg.GU()}).sum(0));
       if (cfg.P > 0) {
         const Tensor m_all = sv.acts.narrow(2, 3 * U, U) * sv.c.tanh();
         matmul_into(cells, g.Wp, dhp.view({TB, Hh}).t(), m_all.reshape({TB, U}), false);
