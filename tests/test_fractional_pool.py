@@ -330,6 +330,9 @@ def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C)
     out = T.fractional_max_pool(x, [1, 1.6, 1.4, 1], False, overlapping, True, 5, 6)[0]
     dy = torch.randn(out.shape, generator=g)
     dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
+    gin = torch.randn(x.shape, generator=g)
+    back = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, out, gin, rows, cols,
+                                                                overlapping)
     for c in range(C):
         xc = x[..., c:c + 1].contiguous()
         yc = T.fractional_max_pool(xc, [1, 1.6, 1.4, 1], False, overlapping, True, 5, 6)[0]
@@ -337,6 +340,9 @@ def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C)
         dxc = T.fractional_max_pool_grad(xc, yc, dy[..., c:c + 1].contiguous(), rows, cols,
                                          overlapping)
         assert torch.equal(dxc, dx[..., c:c + 1]), c
+        backc = torch.ops.tfgrads._fractional_max_pool_grad_backward(
+            xc, yc, gin[..., c:c + 1].contiguous(), rows, cols, overlapping)
+        assert torch.equal(backc, back[..., c:c + 1]), c
 
 
 @pytest.mark.parametrize("overlapping", [False, True])
@@ -358,6 +364,27 @@ def test_max_grad_every_cell_shape_against_reference(ratio, overlapping):
         ref = R.fractional_max_pool_grad_ref(x.numpy(), out.numpy(), dy.numpy(), rows.tolist(),
                                              cols.tolist(), overlapping)
         assert np.array_equal(dx.numpy(), ref)
+        # Its double backward is the adjoint: each output element takes grad at its argmax.
+        gin = torch.randn(x.shape, generator=g)
+        back = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, out, gin, rows, cols,
+                                                                    overlapping)
+        assert torch.equal(back, _select_at_argmax(x, gin, rows.tolist(), cols.tolist(),
+                                                   overlapping))
+
+
+def _select_at_argmax(x, gin, rows, cols, overlapping):
+    """gin at TF's argmax of every cell and channel (first maximum in scan order)."""
+    N, H, W, C = x.shape
+    out = torch.empty(N, len(rows) - 1, len(cols) - 1, C, dtype=gin.dtype)
+    for i in range(len(rows) - 1):
+        r1 = min(rows[i + 1] if overlapping else rows[i + 1] - 1, H - 1)
+        for j in range(len(cols) - 1):
+            c1 = min(cols[j + 1] if overlapping else cols[j + 1] - 1, W - 1)
+            cell = x[:, rows[i]:r1 + 1, cols[j]:c1 + 1].reshape(N, -1, C)
+            k = cell.argmax(dim=1)  # torch.argmax returns the first maximal index
+            gcell = gin[:, rows[i]:r1 + 1, cols[j]:c1 + 1].reshape(N, -1, C)
+            out[:, i, j] = gcell.gather(1, k.unsqueeze(1)).squeeze(1)
+    return out
 
 
 @pytest.mark.parametrize("overlapping", [False, True])

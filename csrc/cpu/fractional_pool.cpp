@@ -13,7 +13,8 @@
 // * Max gradient: each cell's argmax (first maximum in scan order, TF's tie rule) is
 //   recomputed and checked against orig_output. Disjoint cells then write their elements, dy
 //   at the argmax and 0 elsewhere; overlapping cells keep a cell row's argmaxes, and each dx
-//   row is gathered once from the cells covering it, in TF's order (MaxGradPass).
+//   row is gathered once from the cells covering it, in TF's order (MaxGradPass). Its double
+//   backward selects grad at the same argmax.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -338,95 +339,6 @@ template <typename A>
 bool exact_positions(const GradPlan& g) {
   return std::is_integral_v<A> ||
          widest(g.rows) * widest(g.cols) <= (int64_t{1} << std::numeric_limits<A>::digits);
-}
-
-// Pass 1 stores, per output element, the position of its cell's maximum inside the cell
-// (row-major within the cell, 0 = the cell's first element), as a value of the accumulation
-// type so that the scan is branch-free Vectorized code: `best < v` selects both the value and
-// the position. The first element is taken unconditionally and later ones only when strictly
-// greater: TF's tie rule (first maximum in scan order). Returns false if a recomputed maximum
-// differs from orig_output (TF's "tensor_out_dup" check; a NaN first in its cell fails it).
-// One cell of x at batch b: rows r0..r1, columns c0..c1 (inclusive).
-template <typename scalar_t>
-struct CellRef {
-  const scalar_t* x;  // x at (b, 0, 0, 0)
-  int64_t sH, sW, r0, r1, c0, c1;
-};
-
-// K channel vectors of one cell: maximum and its in-cell position, blended branch-free; true if
-// every maximum equals orig_output.
-template <typename scalar_t, int K>
-bool argmax_vectors(const CellRef<scalar_t>& c, int64_t d, acc_t<scalar_t>* pos,
-                    const scalar_t* y) {
-  using A = acc_t<scalar_t>;
-  using Wd = Widen<scalar_t, A>;
-  using Vec = Vectorized<A>;
-  constexpr int64_t L = Vec::size();
-  Vec best[K], at[K];
-  const scalar_t* first = c.x + c.r0 * c.sH + c.c0 * c.sW + d;
-  for (int k = 0; k < K; ++k) {
-    best[k] = Wd::load(first + k * L);
-    at[k] = Vec(A(0));
-  }
-  A p = A(0);
-  for (int64_t h = c.r0; h <= c.r1; ++h) {
-    const scalar_t* row = c.x + h * c.sH + d;
-    for (int64_t w = (h == c.r0 ? c.c0 + 1 : c.c0); w <= c.c1; ++w) {
-      p = static_cast<A>((h - c.r0) * (c.c1 - c.c0 + 1) + (w - c.c0));
-      const Vec here(p);
-      for (int k = 0; k < K; ++k) {
-        const Vec v = Wd::load(row + w * c.sW + k * L);
-        const Vec take = best[k] < v;
-        best[k] = Vec::blendv(best[k], v, take);
-        at[k] = Vec::blendv(at[k], here, take);
-      }
-    }
-  }
-  bool ok = true;
-  for (int k = 0; k < K; ++k) {
-    at[k].store(pos + k * L);
-    ok &= (best[k] == Wd::load(y + k * L)).zero_mask() == 0;
-  }
-  return ok;
-}
-
-template <typename scalar_t>
-bool argmax_pass(const at::Tensor& x, const at::Tensor& y, acc_t<scalar_t>* pos,
-                 const GradPlan& g) {
-  using A = acc_t<scalar_t>;
-  constexpr int64_t L = Vectorized<A>::size();
-  constexpr bool kVector = !std::is_integral_v<scalar_t>;
-  const int64_t W = g.W, C = g.C, OH = g.rows.cells, OW = g.cols.cells;
-  const int64_t sN = x.stride(0), sH = x.stride(1), sW = x.stride(2);
-  const scalar_t* xp = x.const_data_ptr<scalar_t>();
-  const scalar_t* yp = y.const_data_ptr<scalar_t>();
-  std::atomic<bool> same{true};
-  at::parallel_for(0, g.N * OH, grain_for((g.H / OH + 1) * W * C), [&](int64_t begin, int64_t end) {
-    bool ok = true;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / OH, i = item % OH;
-      const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
-      for (int64_t j = 0; j < OW; ++j) {
-        const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j];
-        const int64_t k = (item * OW + j) * C;
-        int64_t d = 0;
-        if constexpr (kVector) {
-          const CellRef<scalar_t> cr{xp + b * sN, sH, sW, r0, r1, c0, c1};
-          for (; d + 4 * L <= C; d += 4 * L)
-            ok &= argmax_vectors<scalar_t, 4>(cr, d, pos + k + d, yp + k + d);
-          for (; d + L <= C; d += L)
-            ok &= argmax_vectors<scalar_t, 1>(cr, d, pos + k + d, yp + k + d);
-        }
-        for (; d < C; ++d) {
-          const auto m = cell_max_scalar(xp + b * sN + d, sH, sW, r0, r1, c0, c1);
-          pos[k + d] = static_cast<A>((m.h - r0) * (c1 - c0 + 1) + (m.w - c0));
-          ok &= m.value == static_cast<A>(yp[k + d]);
-        }
-      }
-    }
-    if (!ok) same = false;
-  });
-  return same;
 }
 
 // The gradient, with each cell's argmax (first maximum in scan order, TF's tie rule) recomputed
@@ -803,6 +715,57 @@ at::Tensor fractional_avg_pool_grad_backward_cpu(const at::Tensor& grad,
   return out;
 }
 
+// Double backward of the max gradient: out[b, i, j, d] = grad at the cell's argmax (the
+// gradient's own argmax and tie rule). Whole channel vectors select branch-free over the
+// cell's positions (straight-line per cell-row height and widest cell, as the gradient);
+// other channels (and integers, and huge cells) one at a time with exact int64 positions.
+template <typename scalar_t, int RH, int CW>
+void select_argmax_row(const MaxGradPass<scalar_t>& p, const scalar_t* gin, scalar_t* out,
+                       int64_t b, int64_t i, int64_t dv) {
+  using A = acc_t<scalar_t>;
+  using Wd = Widen<scalar_t, A>;
+  using Vec = Vectorized<A>;
+  constexpr int64_t L = Vec::size();
+  const GradPlan& g = p.g;
+  const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
+  const int64_t C = p.C, grow = p.W * C, stride = CW > 0 ? CW : p.cw_max;
+  for (int64_t j = 0; j < p.OW; ++j) {
+    const int64_t c0 = g.cols.start[j], last = g.cols.end[j] - c0;
+    const int64_t cw = CW > 0 ? CW : last + 1;
+    const scalar_t* xc = p.x + b * p.sN + r0 * p.sH + c0 * p.sW;
+    const scalar_t* gc = gin + ((b * p.H + r0) * p.W + c0) * C;
+    scalar_t* o = out + ((b * p.OH + i) * p.OW + j) * C;
+    for (int64_t d = 0; !std::is_integral_v<scalar_t> && d < dv; d += L) {
+      Vec best, at, v(A(0));
+      MaxGradPass<scalar_t>::template cell_argmax<RH, CW>(xc + d, rh, last, stride, p.sH,
+                                                          p.sW, best, at);
+#pragma GCC unroll 4
+      for (int64_t h = 0; h < rh; ++h)
+#pragma GCC unroll 4
+        for (int64_t w = 0; w < cw; ++w)  // a repeated column's position never matches
+          v = Vec::blendv(v, Wd::load(gc + h * grow + (CW > 0 ? std::min(w, last) : w) * C + d),
+                          at == Vec(static_cast<A>(h * stride + w)));
+      Wd::store(o + d, v);
+    }
+    for (int64_t d = dv; d < C; ++d) {
+      const auto m = cell_max_scalar(p.x + b * p.sN + d, p.sH, p.sW, r0, g.rows.end[i], c0,
+                                     g.cols.end[j]);
+      o[d] = gin[((b * p.H + m.h) * p.W + m.w) * C + d];
+    }
+  }
+}
+
+template <typename scalar_t, int RH>
+void select_argmax_row(const MaxGradPass<scalar_t>& p, const scalar_t* gin, scalar_t* out,
+                       int64_t b, int64_t i, int64_t dv) {
+  switch (dv > 0 ? p.cw_max : 0) {
+    case 1: return select_argmax_row<scalar_t, RH, 1>(p, gin, out, b, i, dv);
+    case 2: return select_argmax_row<scalar_t, RH, 2>(p, gin, out, b, i, dv);
+    case 3: return select_argmax_row<scalar_t, RH, 3>(p, gin, out, b, i, dv);
+    default: return select_argmax_row<scalar_t, 0, 0>(p, gin, out, b, i, dv);
+  }
+}
+
 at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
                                                  const at::Tensor& orig_output,
                                                  const at::Tensor& grad,
@@ -820,47 +783,27 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
   const at::Tensor y = orig_output.contiguous();
   const at::Tensor gin = grad.contiguous();
   at::Tensor out = at::empty(y.sizes(), grad.options());
-  auto gather = [&](auto tag) {
+  fracpool::dispatch_value_types(x.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    using A = acc_t<scalar_t>;
+    // (dy and dx of the pass are not used here: the orig_output check was the gradient's.)
+    at::Tensor unused = out;
+    const MaxGradPass<scalar_t> pass(x, y, y, unused, g);
+    const int64_t dv = pass.vector_end(0, g.C), OH = g.rows.cells;
     const scalar_t* src = gin.const_data_ptr<scalar_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
-    const int64_t OH = g.rows.cells, OW = g.cols.cells, C = g.C;
-    if (!exact_positions<A>(g)) {  // huge cells: each argmax with int64 positions, scalar
-      const scalar_t* xp = x.const_data_ptr<scalar_t>();
-      const int64_t sN = x.stride(0), sH = x.stride(1), sW = x.stride(2);
-      at::parallel_for(0, g.N * OH, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t item = begin; item < end; ++item) {
-          const int64_t b = item / OH, i = item % OH;
-          for (int64_t j = 0; j < OW; ++j) {
-            for (int64_t d = 0; d < C; ++d) {
-              const auto m = cell_max_scalar(xp + b * sN + d, sH, sW, g.rows.start[i],
-                                             g.rows.end[i], g.cols.start[j], g.cols.end[j]);
-              dst[(item * OW + j) * C + d] = src[((b * g.H + m.h) * g.W + m.w) * C + d];
-            }
-          }
-        }
-      });
-      return;
-    }
-    std::unique_ptr<A[]> pos(new A[y.numel()]);
-    argmax_pass<scalar_t>(x, y, pos.get(), g);  // a mismatch was reported by the grad op
-    at::parallel_for(0, g.N * OH, grain_for(OW * C), [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t b = item / OH, i = item % OH;
-        for (int64_t j = 0; j < OW; ++j) {
-          const int64_t width = g.cols.count(j);
-          for (int64_t d = 0; d < C; ++d) {
-            const int64_t k = (item * OW + j) * C + d;
-            const auto p = static_cast<int64_t>(pos[k]);
-            const int64_t h = g.rows.start[i] + p / width, w = g.cols.start[j] + p % width;
-            dst[k] = src[((b * g.H + h) * g.W + w) * C + d];
-          }
+    at::parallel_for(0, g.N * OH, grain_for((g.H / OH + 1) * g.W * g.C),
+                     [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b = t / OH, i = t % OH;
+        switch (g.rows.count(i)) {
+          case 1: select_argmax_row<scalar_t, 1>(pass, src, dst, b, i, dv); break;
+          case 2: select_argmax_row<scalar_t, 2>(pass, src, dst, b, i, dv); break;
+          case 3: select_argmax_row<scalar_t, 3>(pass, src, dst, b, i, dv); break;
+          default: select_argmax_row<scalar_t, 0>(pass, src, dst, b, i, dv);
         }
       }
     });
-  };
-  fracpool::dispatch_value_types(x.scalar_type(), gather);
+  });
   return out;
 }
 
