@@ -240,27 +240,76 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fractional_pool_cpu(
 
 // ---- FractionalAvgPoolGrad --------------------------------------------------------------------
 // dx[b,h,w,:] = T(sum over covering cells (r, c), in TF's order, of double(dy[b,r,c,:]) / n).
+// An element with one covering cell: T(double(dy) / n) equals the division in float for
+// float32 (double rounding is innocuous for division, 53 >= 2 * 24 + 2), and float division is
+// twice as wide per vector. Elements on the shared boundaries of overlapping cells add the
+// quotients double(dy) / n of their cells: computed once per cell row (a two-row cache per
+// task) and reused by every element the cell covers, summed in TF's order from 0, so the
+// result is TF's (a double division per element and term, 2.9 terms per element at ratio
+// 1.44, made the division unit the bottleneck).
 template <typename scalar_t>
 void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
-  const int64_t H = g.H, W = g.W, C = g.C;
+  const int64_t H = g.H, W = g.W, C = g.C, OW = g.cols.cells;
   const int64_t sN = dy.stride(0), sH = dy.stride(1), sW = dy.stride(2);
   const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
   scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
   const AxisPlan& rows = g.rows;
   const AxisPlan& cols = g.cols;
+  // TF's static_cast to an integer truncates toward zero; we also saturate instead of
+  // overflowing.
+  auto to_value = [](double v) {
+    if constexpr (std::is_integral_v<scalar_t>) {
+      constexpr double lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+      constexpr double hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
+      return v <= lo ? std::numeric_limits<scalar_t>::lowest()
+           : v >= hi ? std::numeric_limits<scalar_t>::max()
+                     : static_cast<scalar_t>(v);
+    } else {
+      return static_cast<scalar_t>(v);
+    }
+  };
+  auto any_shared = [](const AxisPlan& a) {
+    for (int64_t i = 0; i < a.size; ++i)
+      if (a.first[i] < a.last[i]) return true;
+    return false;
+  };
+  const bool shared = std::is_integral_v<scalar_t> || any_shared(rows) || any_shared(cols);
   at::parallel_for(0, g.N * H, grain_for(W * C), [&](int64_t begin, int64_t end) {
-    std::vector<double> acc(C);
+    // Quotients of two cell rows: slot k holds cell row key[k] (b * OH + r) as [OW][C].
+    std::vector<double> quot(shared ? 2 * OW * C : 0);
+    int64_t key[2] = {-1, -1};
+    auto cell_row = [&](int64_t b, int64_t r) -> const double* {
+      const int64_t k = b * rows.cells + r;
+      for (int s = 0; s < 2; ++s)
+        if (key[s] == k) return quot.data() + s * OW * C;
+      const int s = key[0] == k - 1 ? 1 : 0;  // keep the previous cell row
+      key[s] = k;
+      double* q = quot.data() + s * OW * C;
+      for (int64_t c = 0; c < OW; ++c) {
+        const double n = static_cast<double>(rows.count(r) * cols.count(c));
+        const scalar_t* p = dyp + b * sN + r * sH + c * sW;
+        for (int64_t d = 0; d < C; ++d) q[c * C + d] = static_cast<double>(p[d]) / n;
+      }
+      return q;
+    };
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / H, h = item % H;
       const int64_t r_first = rows.first[h], r_last = rows.last[h];
-      for (int64_t w = 0; w < W; ++w) {
-        scalar_t* o = dxp + (item * W + w) * C;
+      scalar_t* o = dxp + item * W * C;
+      if (r_first > r_last) {  // no cell covers the row
+        std::fill(o, o + W * C, scalar_t(0));
+        continue;
+      }
+      const double* qa = shared ? cell_row(b, r_first) : nullptr;
+      const double* qb = shared ? cell_row(b, r_last) : nullptr;
+      for (int64_t w = 0; w < W; ++w, o += C) {
         const int64_t c_first = cols.first[w], c_last = cols.last[w];
+        if (c_first > c_last) {
+          std::fill(o, o + C, scalar_t(0));
+          continue;
+        }
         if constexpr (!std::is_integral_v<scalar_t>) {
           if (r_first == r_last && c_first == c_last) {
-            // One covering cell (all but the shared boundaries): T(double(dy) / n) equals the
-            // division in float for float32 (double rounding is innocuous for division,
-            // 53 >= 2 * 24 + 2), and float division is twice as wide per vector.
             using A = acc_t<scalar_t>;
             const A n = static_cast<A>(rows.count(r_first) * cols.count(c_first));
             const scalar_t* p = dyp + b * sN + r_first * sH + c_first * sW;
@@ -268,25 +317,18 @@ void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
             continue;
           }
         }
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t r = r_first; r <= r_last; ++r) {
-          for (int64_t c = c_first; c <= c_last; ++c) {
-            const double n = static_cast<double>(rows.count(r) * cols.count(c));
-            const scalar_t* p = dyp + b * sN + r * sH + c * sW;
-            double* a = acc.data();
-            for (int64_t d = 0; d < C; ++d) a[d] += static_cast<double>(p[d]) / n;
-          }
-        }
-        if constexpr (std::is_integral_v<scalar_t>) {
-          // TF's static_cast truncates toward zero; we also saturate instead of overflowing.
-          constexpr double lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
-          constexpr double hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
-          for (int64_t d = 0; d < C; ++d)
-            o[d] = acc[d] <= lo ? std::numeric_limits<scalar_t>::lowest()
-                 : acc[d] >= hi ? std::numeric_limits<scalar_t>::max()
-                                : static_cast<scalar_t>(acc[d]);
+        const double *a1 = qa + c_first * C, *a2 = qa + c_last * C;
+        const double *b1 = qb + c_first * C, *b2 = qb + c_last * C;
+        // TF's order: (r_first, c_first), (r_first, c_last), (r_last, ...), from 0.0.
+        if (r_first == r_last && c_first == c_last) {
+          for (int64_t d = 0; d < C; ++d) o[d] = to_value(0.0 + a1[d]);
+        } else if (r_first == r_last) {
+          for (int64_t d = 0; d < C; ++d) o[d] = to_value((0.0 + a1[d]) + a2[d]);
+        } else if (c_first == c_last) {
+          for (int64_t d = 0; d < C; ++d) o[d] = to_value((0.0 + a1[d]) + b1[d]);
         } else {
-          for (int64_t d = 0; d < C; ++d) o[d] = static_cast<scalar_t>(acc[d]);
+          for (int64_t d = 0; d < C; ++d)
+            o[d] = to_value((((0.0 + a1[d]) + a2[d]) + b1[d]) + b2[d]);
         }
       }
     }
