@@ -429,3 +429,25 @@ def test_max_grad_cells_beyond_float_positions_stay_exact():
     assert torch.equal(dx[0, -1, -3], dy.view(8))
     back = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, out, dx, rows, cols, False)
     assert torch.equal(back, dy)
+
+
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("C", [5, 16])  # scalar channels only; whole vectors
+def test_grads_with_rows_and_columns_no_cell_covers(overlapping, C):
+    """Sequences may start after 0 and end before the input's size (TF accepts them): the rows
+    and columns no cell covers get a zero gradient, the rest TF's values (avg and max)."""
+    g = torch.Generator().manual_seed(C + 2 * overlapping)
+    x = torch.randint(-3, 4, (2, 7, 9, C), generator=g).float()
+    rows, cols = [1, 3, 5], [2, 4, 7]
+    y = torch.from_numpy(R.fractional_pool_ref(x.numpy(), rows, cols, overlapping, "max"))
+    dy = torch.randn(y.shape, generator=g)
+    r, c = torch.tensor(rows), torch.tensor(cols)
+    avg = T.fractional_avg_pool_grad(x.shape, dy, r, c, overlapping)
+    assert np.array_equal(avg.numpy(), R.fractional_avg_pool_grad_ref(x.shape, dy.numpy(), rows,
+                                                                       cols, overlapping))
+    mx = T.fractional_max_pool_grad(x, y, dy, r, c, overlapping)
+    assert np.array_equal(mx.numpy(), R.fractional_max_pool_grad_ref(x.numpy(), y.numpy(),
+                                                                     dy.numpy(), rows, cols,
+                                                                     overlapping))
+    for grad in (avg, mx):
+        assert not grad[:, 0].any() and not grad[:, :, :2].any()
