@@ -219,9 +219,9 @@ def test_float16_is_an_extension_tf_rejects(tf):
 
 @pytest.mark.parametrize("overlapping", [False, True])
 @pytest.mark.parametrize("C", [5, 16])  # scalar channels only; whole vectors
-def test_max_grad_negative_zero_gradient_like_tensorflow(tf, overlapping, C):
-    """TF zero-fills the gradient, then adds dy at each argmax: a -0.0 in dy lands as +0.0 and
-    equal-valued sums keep TF's order. Compared bit for bit (sign of zero included) with TF."""
+def test_grads_negative_zero_like_tensorflow(tf, overlapping, C):
+    """TF zero-fills the gradients, then adds dy (max: at each argmax; avg: dy / n over the
+    cell): a -0.0 in dy lands as +0.0. Compared bit for bit (sign of zero included) with TF."""
     g = torch.Generator().manual_seed(C + overlapping)
     x = torch.randint(-3, 4, (2, 9, 11, C), generator=g).float()
     y, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.6, 1], False, overlapping, True, 3, 4)
@@ -234,3 +234,9 @@ def test_max_grad_negative_zero_gradient_like_tensorflow(tf, overlapping, C):
         overlapping=overlapping).numpy())
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
     assert (dy.signbit() & (dy == 0)).any() and not ours.signbit()[ours == 0].any()
+    avg = T.fractional_avg_pool_grad(x.shape, dy, rows, cols, overlapping)
+    theirs = torch.from_numpy(tf.raw_ops.FractionalAvgPoolGrad(
+        orig_input_tensor_shape=list(x.shape), out_backprop=dy.numpy(),
+        row_pooling_sequence=rows.numpy(), col_pooling_sequence=cols.numpy(),
+        overlapping=overlapping).numpy())
+    assert torch.equal(avg.view(torch.int32), theirs.view(torch.int32))

@@ -313,7 +313,8 @@ void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
             using A = acc_t<scalar_t>;
             const A n = static_cast<A>(rows.count(r_first) * cols.count(c_first));
             const scalar_t* p = dyp + b * sN + r_first * sH + c_first * sW;
-            for (int64_t d = 0; d < C; ++d) o[d] = static_cast<scalar_t>(static_cast<A>(p[d]) / n);
+            for (int64_t d = 0; d < C; ++d)  // 0 + dy / n as TF's zeroed accumulator: -0 -> +0
+              o[d] = static_cast<scalar_t>(A(0) + static_cast<A>(p[d]) / n);
             continue;
           }
         }
