@@ -27,6 +27,18 @@ struct AxisPlan {
   std::vector<int64_t> first;   // [size] first covering cell (first > last: none)
   std::vector<int64_t> last;    // [size] last covering cell
   int64_t count(int64_t cell) const { return end[cell] - start[cell] + 1; }
+  // Whether every input index is in some cell (sequences may start after 0 or end early).
+  bool covers_all() const {
+    for (int64_t i = 0; i < size; ++i)
+      if (last[i] < first[i]) return false;
+    return true;
+  }
+  // Whether some input index is in two cells (overlapping cells share their boundaries).
+  bool shares() const {
+    for (int64_t i = 0; i < size; ++i)
+      if (first[i] < last[i]) return true;
+    return false;
+  }
 };
 
 // Cells of a sequence that is already known to be valid (strictly increasing, in [0, size]).

@@ -113,6 +113,13 @@ class RowStreamer {
   int64_t left_ = 0, slice_ = 0;
 };
 
+// Whether pixels of C channels are a multiple of 1 KiB apart (e.g. 256 / 512 float channels):
+// they then all fall into one or two L1 sets, and a tile's source pixels evict each other.
+template <typename scalar_t>
+bool pixels_alias_in_l1(int64_t C) {
+  return (C * static_cast<int64_t>(sizeof(scalar_t))) % 1024 == 0;
+}
+
 // Channels [c0, c1) of n consecutive pixels of C channels; locality 3: into L1, 1: into L2.
 template <typename T>
 inline void prefetch_pixels(const T* first, int64_t n, int64_t C, int64_t c0, int64_t c1,
@@ -372,12 +379,10 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
                        std::max<int64_t>(1, p.cols->k.size() / std::max<int64_t>(1, p.Wd));
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.Wd * p.C * taps));
-  // Pixels a multiple of 1 KiB apart (e.g. 256 / 512 float channels) all fall into one or two
-  // L1 sets: a wide tile's source pixels then evict each other. Such layers use 4-column tiles
-  // (measured in cache, 14x14x512: 4-column tiles 1.06x PyTorch's time, 12-column 1.51x) of
-  // two channel vectors, which use each source line whole before it can be evicted (another
-  // 1.2x faster than one vector per step).
-  const bool narrow_tiles = (p.C * static_cast<int64_t>(sizeof(scalar_t))) % 1024 == 0;
+  // Layers whose pixels alias in L1 use 4-column tiles (measured in cache, 14x14x512: 4-column
+  // tiles 1.06x PyTorch's time, 12-column 1.51x) of two channel vectors, which use each source
+  // line whole before it can be evicted (another 1.2x faster than one vector per step).
+  const bool narrow_tiles = pixels_alias_in_l1<scalar_t>(p.C);
   // Large outputs (far beyond the caches, where a consumer could not find them anyway) are
   // written with non-temporal stores: no read-for-ownership of the output lines, no cache
   // pollution. Each row is computed into an L1/L2-resident buffer and streamed from there,
@@ -385,9 +390,8 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // stream straight from registers (p.stream; edge pixels store normally). (Streaming
   // one-vector tiles directly, half lines at a time, made the 56x56x64 forward 2.5x slower.)
   const int64_t row_elems = p.Wd * p.C;
-  const bool large = kCanStream && p.N * p.Hd * row_elems *
-                                           static_cast<int64_t>(sizeof(scalar_t)) >=
-                                       (int64_t{4} << 20);
+  const bool large =
+      worth_streaming(p.N * p.Hd * row_elems * static_cast<int64_t>(sizeof(scalar_t)));
   Correlation<scalar_t> pd = p;
   pd.stream = large && narrow_tiles && std::is_same_v<scalar_t, float> &&
               p.C % 16 == 0 && reinterpret_cast<uintptr_t>(p.dst) % 64 == 0;
@@ -403,7 +407,8 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
       stage[1] = stage[0] + padded;
     }
     // Tile steps per row, roughly: the previous row goes out in that many slices.
-    const int64_t steps = std::max<int64_t>(1, p.Wd / 8) * ((p.C + kChannelChunk - 1) / kChannelChunk);
+    const int64_t steps =
+        std::max<int64_t>(1, p.Wd / 8) * ((p.C + kChannelChunk - 1) / kChannelChunk);
     RowStreamer out;
     for (int64_t nr = begin; nr < end; ++nr) {
       const int64_t n = nr / p.Hd, r = nr % p.Hd;
@@ -604,10 +609,10 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   bool consecutive = (len == 8 || len == 4) && sW <= 2;
   for (int b = 1; consecutive && b < NC; ++b) consecutive = cs[b] == cs[0] + b;
   int64_t c = c0;
-  // Pixels a multiple of 1 KiB apart alias in L1 (as in the correlation): there each tap row
-  // takes the two-vector tiles below, which use a source line whole before it can be evicted
-  // (the one-vector 3x3 tile was 8-10% slower on 14x14x512 and 28x28x256).
-  const bool aliasing = (C * static_cast<int64_t>(sizeof(scalar_t))) % 1024 == 0;
+  // Where pixels alias in L1 (as in the correlation) each tap row takes the two-vector tiles
+  // below, which use a source line whole before it can be evicted (the one-vector 3x3 tile was
+  // 8-10% slower on 14x14x512 and 28x28x256).
+  const bool aliasing = pixels_alias_in_l1<scalar_t>(C);
   if constexpr (NC == 3) {
     if (consecutive && rows.n == 3 && !aliasing) {
       for (; c + L <= c1; c += L) {

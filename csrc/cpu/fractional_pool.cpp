@@ -268,12 +268,7 @@ void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
       return static_cast<scalar_t>(v);
     }
   };
-  auto any_shared = [](const AxisPlan& a) {
-    for (int64_t i = 0; i < a.size; ++i)
-      if (a.first[i] < a.last[i]) return true;
-    return false;
-  };
-  const bool shared = std::is_integral_v<scalar_t> || any_shared(rows) || any_shared(cols);
+  const bool shared = std::is_integral_v<scalar_t> || rows.shares() || cols.shares();
   at::parallel_for(0, g.N * H, grain_for(W * C), [&](int64_t begin, int64_t end) {
     // Quotients of two cell rows: slot k holds cell row key[k] (b * OH + r) as [OW][C].
     std::vector<double> quot(shared ? 2 * OW * C : 0);
@@ -400,8 +395,11 @@ struct MaxGradPass {
   using Vec = Vectorized<A>;
   static constexpr int64_t L = Vec::size();
 
-  const scalar_t *x, *y, *dy;
-  scalar_t* dx;
+  // orig_input, and for the gradient orig_output, out_backprop and the result (the double
+  // backward reads x only).
+  const scalar_t* x;
+  const scalar_t *y = nullptr, *dy = nullptr;
+  scalar_t* dx = nullptr;
   int64_t sN, sH, sW, H, W, C, OH, OW;
   const GradPlan& g;
   int64_t cw_max;  // widest cell; the position of (h, w) in a cell is h * cw_max + w
@@ -420,20 +418,24 @@ struct MaxGradPass {
   };
   std::vector<ColumnCells> columns;
 
-  MaxGradPass(const at::Tensor& x_, const at::Tensor& y_, const at::Tensor& dy_, at::Tensor& dx_,
-              const GradPlan& plan)
-      : x(x_.const_data_ptr<scalar_t>()), y(y_.const_data_ptr<scalar_t>()),
-        dy(dy_.const_data_ptr<scalar_t>()), dx(dx_.mutable_data_ptr<scalar_t>()),
-        sN(x_.stride(0)), sH(x_.stride(1)), sW(x_.stride(2)), H(plan.H), W(plan.W), C(plan.C),
-        OH(plan.rows.cells), OW(plan.cols.cells), g(plan), cw_max(0) {
-    cw_max = widest(plan.cols);
-    scalar_only = !exact_positions<A>(plan);
+  MaxGradPass(const at::Tensor& x_, const GradPlan& plan)
+      : x(x_.const_data_ptr<scalar_t>()), sN(x_.stride(0)), sH(x_.stride(1)), sW(x_.stride(2)),
+        H(plan.H), W(plan.W), C(plan.C), OH(plan.rows.cells), OW(plan.cols.cells), g(plan),
+        cw_max(widest(plan.cols)), scalar_only(!exact_positions<A>(plan)) {}
+
+  // The gradient's tensors (and, for overlapping cells, the column table of the gather).
+  void set_gradient(const at::Tensor& y_, const at::Tensor& dy_, at::Tensor& dx_,
+                    bool overlapping) {
+    y = y_.const_data_ptr<scalar_t>();
+    dy = dy_.const_data_ptr<scalar_t>();
+    dx = dx_.mutable_data_ptr<scalar_t>();
+    if (!overlapping) return;
     const A none = std::numeric_limits<A>::quiet_NaN();
     columns.resize(W);
     for (int64_t w = 0; w < W; ++w) {
-      const int64_t f = plan.cols.first[w], l = plan.cols.last[w];
+      const int64_t f = g.cols.first[w], l = g.cols.last[w];
       columns[w] = f > l ? ColumnCells{0, 0, none, none}
-                         : ColumnCells{f, l, static_cast<A>(w - plan.cols.start[f]),
+                         : ColumnCells{f, l, static_cast<A>(w - g.cols.start[f]),
                                        l > f ? A(0) : none};
     }
   }
@@ -685,18 +687,14 @@ template <typename scalar_t>
 void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy,
                      at::Tensor& dx, const GradPlan& g, bool overlapping) {
   const int64_t OH = g.rows.cells, C = g.C;
-  MaxGradPass<scalar_t> pass(x, y, dy, dx, g);
-  pass.stream = kCanStream && std::is_same_v<scalar_t, float> && C % 8 == 0 &&
+  MaxGradPass<scalar_t> pass(x, g);
+  pass.set_gradient(y, dy, dx, overlapping);
+  pass.stream = std::is_same_v<scalar_t, float> && C % 8 == 0 &&
                 reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
-                dx.numel() * 4 > (4 << 20);
+                worth_streaming(dx.numel() * 4);
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
-  auto covered = [](const AxisPlan& a) {
-    for (int64_t i = 0; i < a.size; ++i)
-      if (a.last[i] < a.first[i]) return false;
-    return true;
-  };
-  if (!covered(g.rows) || !covered(g.cols)) dx.zero_();
+  if (!g.rows.covers_all() || !g.cols.covers_all()) dx.zero_();
   std::atomic<bool> same{true};
   const int64_t cell_row = (g.H / OH + 1) * g.W * C;
   if (!overlapping) {  // cells are disjoint: any cell row is its own task
@@ -823,14 +821,11 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
               orig_input.scalar_type(), op, ": argument 'grad' must have the shape and dtype "
               "of orig_input");
   const at::Tensor x = channels_contiguous(orig_input);
-  const at::Tensor y = orig_output.contiguous();
   const at::Tensor gin = grad.contiguous();
-  at::Tensor out = at::empty(y.sizes(), grad.options());
+  at::Tensor out = at::empty(orig_output.sizes(), grad.options());
   fracpool::dispatch_value_types(x.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    // (dy and dx of the pass are not used here: the orig_output check was the gradient's.)
-    at::Tensor unused = out;
-    const MaxGradPass<scalar_t> pass(x, y, y, unused, g);
+    const MaxGradPass<scalar_t> pass(x, g);  // (the orig_output check was the gradient's)
     const int64_t dv = pass.vector_end(0, g.C), OH = g.rows.cells;
     const scalar_t* src = gin.const_data_ptr<scalar_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();

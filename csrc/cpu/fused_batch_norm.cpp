@@ -479,9 +479,9 @@ void backward_kernel(bn::Backward& b, const at::Tensor& scale, const at::Tensor&
     // its lines, and x and dy are not evicted. (Walking this second pass backwards, to start
     // on the x and dy the sums pass read last, measured no gain: the L3 does not keep them.)
     const int64_t span = b.layout.channels_last ? C : b.layout.inner;
-    const bool stream = kCanStream && std::is_same_v<scalar_t, float> && span % 8 == 0 &&
+    const bool stream = std::is_same_v<scalar_t, float> && span % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(dx) % 32 == 0 &&
-                        b.dx_phys.numel() * 4 > (int64_t{4} << 20);
+                        worth_streaming(b.dx_phys.numel() * 4);
     auto pass = [&](auto streamed) {
       constexpr bool kStream = decltype(streamed)::value;
       for_each_span(b.layout, [&](int64_t off, int64_t L, int64_t c, bool per_channel) {

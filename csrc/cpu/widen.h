@@ -50,4 +50,8 @@ inline void stream_store(float* p, const Vectorized<float>& v) { v.store(p); }
 inline void stream_fence() {}
 #endif
 
+// Whether an output of this many bytes is worth non-temporal stores: beyond the two cores'
+// L2 caches, where a consumer could not find it in cache anyway (measured per kernel).
+inline bool worth_streaming(int64_t bytes) { return kCanStream && bytes > (int64_t{4} << 20); }
+
 }  // namespace torch_tfgrads
