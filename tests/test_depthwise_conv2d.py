@@ -65,7 +65,7 @@ def test_fast_paths_match_reference(fmt, k, s, d, C, M):
 @pytest.mark.parametrize("C,H,s", [(136, 64, 1), (20, 120, 1), (20, 121, 2), (256, 46, 1),
                                    (512, 33, 1)])
 def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
-    """Outputs >= 4 MiB are written with non-temporal stores from a row buffer (also rows that
+    """Outputs beyond 4 MiB are written with non-temporal stores from a row buffer (also rows that
     are not 32-byte aligned: 20 channels), or straight from the two-vector narrow tiles (256 and
     512 channels); more than 64 channels are processed in chunks."""
     case = make_case(N=2 if C > 64 else 4, H=H, W=H, C=C, k=(3, 3), s=(s, s), fmt="NHWC",
