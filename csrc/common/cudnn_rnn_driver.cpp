@@ -5,6 +5,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/TensorOperators.h>
 #include <c10/util/Exception.h>
 
@@ -145,6 +147,24 @@ Tensor project_inputs(const Config& cfg, const LayerParams& lp, const Tensor& x,
   return gx.view({cfg.T, cfg.B, cfg.GU()});
 }
 
+// Calls fn(d) for every direction of a layer. The two directions of a bidirectional layer are
+// independent until their input gradients are summed, so on a two-thread CPU each runs whole
+// on its own thread (nested ATen parallel regions run inline): no barrier between the threads
+// per step, and each core keeps one direction's weights and states in its own L2. With more
+// threads the directions run one after the other, each split over all threads per step.
+template <typename F>
+void for_each_direction(const Config& cfg, const Tensor& like, const F& fn) {
+  if (cfg.D == 2 && like.is_cpu() && at::get_num_threads() == 2 && !at::in_parallel_region()) {
+    const at::ThreadLocalState tls;  // the caller's dispatch state (below autograd) and modes
+    at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
+      const at::ThreadLocalStateGuard guard(tls);
+      for (int64_t d = d0; d < d1; ++d) fn(d);
+    });
+    return;
+  }
+  for (int64_t d = 0; d < cfg.D; ++d) fn(d);
+}
+
 Tensor state_view(const Tensor& t, int64_t LD, int64_t B, int64_t width, at::ScalarType A) {
   // TF hands the [B, L*D, H] batch-major state buffer to cuDNN as [L*D, B, H]: a reshape, not
   // a transpose (spec B7). For time-major tensors this is the identity.
@@ -198,13 +218,11 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
   Tensor out_h = at::empty({LD, B, Hh}, opts);
   Tensor out_c = cfg.lstm() ? at::empty({LD, B, U}, opts) : Tensor();
   Tensor y;
-  Tensor gh = at::empty({B, cfg.GU()}, opts);
-  Tensor m = cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
   for (int64_t layer = 0; layer < cfg.L; ++layer) {
     std::vector<Reserve::Pseudo> saved;
     for (int64_t d = 0; d < cfg.D; ++d) saved.push_back(reserve.pseudo(is_training));
     y = layer + 1 < cfg.L ? reserve.take({T, B, cfg.D * Hh}) : at::empty({T, B, cfg.D * Hh}, opts);
-    for (int64_t d = 0; d < cfg.D; ++d) {
+    for_each_direction(cfg, x, [&](int64_t d) {
       const int64_t p = layer * cfg.D + d;
       const LayerParams& lp = lps[p];
       const Reserve::Pseudo& sv = saved[d];
@@ -215,6 +233,8 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
                                    cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c,
                                    sv.h};
       const bool done = cells.forward_direction && cells.forward_direction(cfg, fused);
+      Tensor gh = done ? Tensor() : at::empty({B, cfg.GU()}, opts);
+      Tensor m = !done && cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
       for (int64_t s = 0; s < T && !done; ++s) {
         const Tensor h_prev = s ? sv.h[s - 1] : h0[p];
         at::addmm_out(gh, lp.bR, h_prev, lp.R.t());
@@ -248,7 +268,7 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
         out_h[p].copy_(h0[p]);
         if (cfg.lstm()) out_c[p].copy_(c0[p]);
       }
-    }
+    });
     if (layer + 1 < cfg.L) {
       x = y;
       if (use_dropout) {
@@ -358,11 +378,6 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
   Tensor dh0 = at::empty({LD, B, Hh}, opts);
   Tensor dc0 = cfg.lstm() ? at::empty({LD, B, U}, opts) : Tensor();
   Tensor dx;
-  Tensor dh = at::empty({B, Hh}, opts), dh_total = at::empty({B, Hh}, opts);
-  Tensor carry = at::empty({B, Hh}, opts);
-  Tensor dc = cfg.lstm() ? at::empty({B, U}, opts) : Tensor();
-  Tensor dc_prev = cfg.lstm() ? at::empty({B, U}, opts) : Tensor();
-  Tensor dm = cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
   for (int64_t layer = cfg.L - 1; layer >= 0; --layer) {
     const int64_t in_w = cfg.in_width(layer);
     Tensor x_l = layer == 0 ? x
@@ -372,7 +387,10 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
     const bool skip = !cfg.has_input_weights(layer);
     Tensor d_in = skip ? at::zeros({T, B, in_w}, opts) : at::empty({T, B, in_w}, opts);
     d_out = steps.mask_valid(d_out);  // output_backprop past each length is ignored
-    for (int64_t d = 0; d < cfg.D; ++d) {
+    // What a direction adds to d_in, in time order, when it cannot write d_in itself; added
+    // once both directions are done, as they may run concurrently.
+    Tensor d_in_part[2];
+    for_each_direction(cfg, x, [&](int64_t d) {
       const int64_t p = layer * cfg.D + d;
       const LayerParams& lp = lps[p];
       const LayerParams& g = dlps[p];
@@ -386,8 +404,16 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
                                     cfg.lstm() ? dc_n[p] : Tensor(), dgx, dgh, dh0[p],
                                     cfg.lstm() ? dc0[p] : Tensor()};
       const bool done = cells.backward_direction && cells.backward_direction(cfg, fused);
-      dh.copy_(dh_n[p]);
-      if (cfg.lstm()) dc.copy_(dc_n[p]);
+      // The step loop of the unfused path (other devices and dtypes, projection).
+      Tensor dh, dh_total, carry, dc, dc_prev, dm;
+      if (!done) {
+        dh = dh_n[p].clone();
+        dh_total = at::empty({B, Hh}, opts);
+        carry = at::empty({B, Hh}, opts);
+        dc = cfg.lstm() ? dc_n[p].clone() : Tensor();
+        dc_prev = cfg.lstm() ? at::empty({B, U}, opts) : Tensor();
+        dm = cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
+      }
       for (int64_t s = T - 1; s >= 0 && !done; --s) {
         at::add_out(dh_total, dh, dy[s]);
         CellBackward b;
@@ -429,7 +455,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
         dh0[p].copy_(dh);
         if (cfg.lstm()) dc0[p].copy_(dc);
       }
-      if (T == 0 || B == 0) continue;
+      if (T == 0 || B == 0) return;
       // Weight gradients over all steps at once.
       const int64_t TB = T * B;
       // In processing order: the reverse direction reorders the (narrower) layer input and
@@ -443,10 +469,10 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
         } else {
           Tensor d_in_p = scratch_empty({T, B, in_w}, opts);
           matmul_into(cells, d_in_p.view({TB, in_w}), dgx_p, lp.W, false);
-          d_in.add_(steps.reorder(d_in_p, d));
+          d_in_part[d] = steps.reorder(d_in_p, d);
         }
       } else {
-        d_in.add_(steps.reorder(dgx.view({T, B, cfg.G, U}).sum(2), d));
+        d_in_part[d] = steps.reorder(dgx.view({T, B, cfg.G, U}).sum(2), d);
       }
       g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
       // dR = sum_s dgh_s^T h_{s-1}: the hidden states shifted by one step, h0 first.
@@ -462,7 +488,9 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
         const Tensor m_all = sv.acts.narrow(2, 3 * U, U) * sv.c.tanh();
         matmul_into(cells, g.Wp, dhp.view({TB, Hh}).t(), m_all.reshape({TB, U}), false);
       }
-    }
+    });
+    for (const Tensor& part : d_in_part)
+      if (part.defined()) d_in.add_(part);
     if (layer > 0)
       d_out = use_dropout ? d_in * layer_mask[layer - 1] : d_in;
     else
