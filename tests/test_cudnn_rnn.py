@@ -63,6 +63,11 @@ CASES = [
     Case("gru", 2, 2, lengths=[6, 1, 4, 2], U=8),
     Case("rnn_tanh", 1, 2, time_major=False, lengths=[2, 6, 6, 5], U=16),
     Case("rnn_relu", 2, 1, U=8),
+    # GEMMs past one 64x64 tile with ragged edges (T*B = 99 rows, G*U = 288, I = 70): the
+    # blocked GEMM, its panel copies and transposes, and the concurrent directions.
+    Case("lstm", 1, 2, T_=9, B=11, I=70, U=72),
+    Case("lstm", 2, 2, time_major=False, T_=9, B=11, I=70, U=72,
+         lengths=[9, 3, 8, 1, 9, 5, 7, 9, 2, 6, 4]),
 ]
 
 

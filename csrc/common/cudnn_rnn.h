@@ -132,7 +132,8 @@ struct CellBackward {
 // GEMM with its cell (no projection). The driver falls back to the per-step calls when the
 // hook is absent or returns false.
 struct DirectionForward {
-  at::Tensor gx;              // [T, B, GU]
+  at::Tensor gx;              // [T, B, GU] projected inputs, or undefined: then x, W, bW
+  at::Tensor x, W, bW;        // [T, B, in_width], [GU, in_width], [GU]
   at::Tensor R, bR;           // [GU, Hh], [GU]
   at::Tensor h0, c0, lens;    // [B, Hh], [B, U] (LSTM), [B] int32 or undefined
   at::Tensor acts, c, h;      // out: [T, B, act_width] (or undefined), [T, B, U], [T, B, Hh]

@@ -227,12 +227,20 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
       const LayerParams& lp = lps[p];
       const Reserve::Pseudo& sv = saved[d];
       // Reorder the (narrower) input rather than its projection.
-      const Tensor gx =
-          project_inputs(cfg, lp, d ? steps.reorder(x, d).contiguous() : x, layer, cells);
-      const DirectionForward fused{gx,      lp.R,   lp.bR, h0[p],
-                                   cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c,
-                                   sv.h};
-      const bool done = cells.forward_direction && cells.forward_direction(cfg, fused);
+      const Tensor x_d = d ? steps.reorder(x, d).contiguous() : x;
+      DirectionForward fused{Tensor(), Tensor(), Tensor(), Tensor(), lp.R, lp.bR, h0[p],
+                             cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c, sv.h};
+      if (cfg.has_input_weights(layer)) {  // a kernel may project each step's inputs itself
+        fused.x = x_d;
+        fused.W = lp.W;
+        fused.bW = lp.bW;
+      }
+      bool done = cells.forward_direction && cells.forward_direction(cfg, fused);
+      const Tensor gx = done ? Tensor() : project_inputs(cfg, lp, x_d, layer, cells);
+      if (!done && cells.forward_direction) {
+        fused.gx = gx;
+        done = cells.forward_direction(cfg, fused);
+      }
       Tensor gh = done ? Tensor() : at::empty({B, cfg.GU()}, opts);
       Tensor m = !done && cfg.P > 0 ? at::empty({B, U}, opts) : Tensor();
       for (int64_t s = 0; s < T && !done; ++s) {

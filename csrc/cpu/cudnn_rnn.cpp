@@ -92,8 +92,21 @@ struct FwdSeg {
   T *c_out, *h_out, *acts;      // acts: gate stride U, may be nullptr
 };
 
-template <typename T>
-void forward_segment(Mode mode, const FwdSeg<T>& p, int64_t n, bool active, bool projected) {
+// Calls f(std::integral_constant<Mode, m>) for the runtime mode m, so that the cells below are
+// compiled per mode and inline into the step loops (the fused path calls them for one
+// vector of eight units per row: a call and a mode switch per vector were a third of it).
+template <typename F>
+void with_mode(Mode mode, const F& f) {
+  switch (mode) {
+    case Mode::kLstm: return f(std::integral_constant<Mode, Mode::kLstm>{});
+    case Mode::kGru: return f(std::integral_constant<Mode, Mode::kGru>{});
+    case Mode::kRnnTanh: return f(std::integral_constant<Mode, Mode::kRnnTanh>{});
+    case Mode::kRnnRelu: return f(std::integral_constant<Mode, Mode::kRnnRelu>{});
+  }
+}
+
+template <Mode mode, typename T>
+C10_ALWAYS_INLINE void forward_cell(const FwdSeg<T>& p, int64_t n, bool active, bool projected) {
   using Vec = Vectorized<T>;
   constexpr int64_t kV = Vec::size();
   const int64_t U = p.U;
@@ -163,8 +176,8 @@ struct BwdSeg {
   T *dc_prev, *carry;  // carry may be nullptr (projection)
 };
 
-template <typename T>
-void backward_segment(Mode mode, const BwdSeg<T>& p, int64_t n, bool active) {
+template <Mode mode, typename T>
+C10_ALWAYS_INLINE void backward_cell(const BwdSeg<T>& p, int64_t n, bool active) {
   using Vec = Vectorized<T>;
   constexpr int64_t kV = Vec::size();
   const int64_t U = p.U;
@@ -243,7 +256,9 @@ void cell_forward_typed(const Config& cfg, const CellForward& a) {
                   lstm ? c_prev + b * U : nullptr, h_prev + b * Hh,
                   lstm ? c_out + b * U : nullptr, h_out + b * U,
                   acts ? acts + b * AW : nullptr};
-    forward_segment(cfg.mode, seg, U, !lens || a.step < lens[b], a.projected);
+    with_mode(cfg.mode, [&](auto m) {
+      forward_cell<decltype(m)::value>(seg, U, !lens || a.step < lens[b], a.projected);
+    });
   });
 }
 
@@ -262,7 +277,9 @@ void cell_backward_typed(const Config& cfg, const CellBackward& a) {
                   gru ? mut<T>(a.dgh) + b * GU : nullptr,
                   lstm ? mut<T>(a.dc_prev) + b * U : nullptr,
                   a.dh_carry.defined() ? mut<T>(a.dh_carry) + b * Hh : nullptr};
-    backward_segment(cfg.mode, seg, U, !lens || a.step < lens[b]);
+    with_mode(cfg.mode, [&](auto m) {
+      backward_cell<decltype(m)::value>(seg, U, !lens || a.step < lens[b]);
+    });
   });
 }
 
@@ -312,39 +329,70 @@ int64_t unit_block(const Config& cfg, bool forward) {
   return cfg.U % 8 == 0 ? 8 : 0;
 }
 
+// The gate columns of block j as one [K, N = G*ub] operand: P[j][k][g][ul] = M[g*U + j*ub + ul][k]
+// for M = R or W ([GU, K]).
+at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
+  const int64_t U = M.size(0) / G, K = M.size(1);
+  return M.view({G, U / ub, ub, K}).permute({1, 3, 0, 2}).contiguous();
+}
+
+// Without projected inputs (d.gx undefined), LSTM and the plain RNNs project each step's inputs
+// in the block GEMM too: buf = x_s Wp_j + h Rp_j, and the two biases are added as one. Then
+// the [T, B, G*U] projection is never written and read back: measured ~8% of an LSTM forward
+// at (50,32,128,256) (it left the caches between its GEMM and the steps). GRU keeps the
+// projection: its candidate gate needs the input part apart from the recurrent part.
 bool forward_direction(const Config& cfg, const DirectionForward& d) {
-  const int64_t ub = d.gx.scalar_type() == at::kFloat ? unit_block(cfg, true) : 0;
+  const bool project = !d.gx.defined();
+  const at::Tensor& like = project ? d.x : d.gx;
+  if (!like.defined() || like.scalar_type() != at::kFloat) return false;
+  if (project && (cfg.mode == Mode::kGru || d.x.size(2) == 0)) return false;
+  const int64_t ub = unit_block(cfg, true);
   if (ub == 0) return false;
   const int64_t G = cfg.G, U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
   const int64_t nblk = U / ub, N = G * ub;
-  // R [GU, U] -> per block j the [K = U, N = G*ub] operand: Rp[j][k][g][ul] = R[g*U + j*ub + ul][k]
-  const at::Tensor Rp = d.R.view({G, nblk, ub, U}).permute({1, 3, 0, 2}).contiguous();
-  const float *rp = Rp.data_ptr<float>(), *gx = d.gx.data_ptr<float>(),
-              *bR = d.bR.data_ptr<float>();
+  const at::Tensor Rp = pack_blocks(d.R, G, ub);
+  const float* rp = Rp.data_ptr<float>();
+  // Projected path: gate g of unit u of row `row` at gx[row * GU + g * U + u], bias bR.
+  // Fused path: x-projection in buf, bias bW + bR.
+  const float* gx = project ? nullptr : d.gx.data_ptr<float>();
+  const int64_t I = project ? d.x.size(2) : 0;
+  const at::Tensor Wp = project ? pack_blocks(d.W, G, ub) : at::Tensor();
+  const at::Tensor bias = project ? at::add(d.bW, d.bR) : d.bR.contiguous();
+  const float* wp = project ? Wp.data_ptr<float>() : nullptr;
+  const float* xs = project ? d.x.data_ptr<float>() : nullptr;
+  const float* bs = bias.data_ptr<float>();
   const int* lens = d.lens.defined() ? d.lens.data_ptr<int>() : nullptr;
   const bool lstm = cfg.mode == Mode::kLstm;
   float *hs = d.h.data_ptr<float>(), *cs = lstm ? d.c.data_ptr<float>() : nullptr;
   float* acts = d.acts.defined() ? d.acts.data_ptr<float>() : nullptr;
   const float *h0 = d.h0.data_ptr<float>(), *c0 = lstm ? d.c0.data_ptr<float>() : nullptr;
+  with_mode(cfg.mode, [&](auto mode) {
   for (int64_t s = 0; s < cfg.T; ++s) {
     const float* h_prev = s ? hs + (s - 1) * B * U : h0;
     const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
     at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
       std::vector<float> buf(B * N);
       for (int64_t j = j0; j < j1; ++j) {
-        at::native::cpublas::brgemm(B, N, U, U, N, N, false, h_prev, rp + j * U * N, buf.data());
+        if (project)
+          at::native::cpublas::brgemm(B, N, I, I, N, N, false, xs + s * B * I, wp + j * I * N,
+                                      buf.data());
+        at::native::cpublas::brgemm(B, N, U, U, N, N, project, h_prev, rp + j * U * N,
+                                    buf.data());
         const int64_t u0 = j * ub;
         for (int64_t b = 0; b < B; ++b) {
           const int64_t row = (s * B + b);
-          FwdSeg<float> seg{gx + row * GU + u0, U, buf.data() + b * N, ub, bR + u0, U,
+          // pre-activation of gate g = x[g * x_gate] + r[g * r_gate] (+ bR[g * U])
+          FwdSeg<float> seg{project ? bs + u0 : gx + row * GU + u0, U, buf.data() + b * N, ub,
+                            project ? nullptr : bs + u0, U,
                             lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
                             lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
                             acts ? acts + row * AW + u0 : nullptr};
-          forward_segment(cfg.mode, seg, ub, !lens || s < lens[b], false);
+          forward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b], false);
         }
       }
     });
   }
+  });
   return true;
 }
 
@@ -367,6 +415,7 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   at::Tensor dc_b = lstm ? at::empty({B, U}, d.dgx.options()) : at::Tensor();
   float* carry = carry_t.data_ptr<float>();
   const float* dh_n = d.dh_n.data_ptr<float>();
+  with_mode(cfg.mode, [&](auto mode) {
   for (int64_t s = cfg.T - 1; s >= 0; --s) {
     const float* dc_in = lstm ? dc_a.data_ptr<float>() : nullptr;
     float* dc_out = lstm ? dc_b.data_ptr<float>() : nullptr;
@@ -395,12 +444,13 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
                             lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
                             gru ? dgh + row * GU + u0 : nullptr,
                             lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
-          backward_segment(cfg.mode, seg, ub, !lens || s < lens[b]);
+          backward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b]);
         }
       }
     });
     if (lstm) std::swap(dc_a, dc_b);
   }
+  });
   // Gradients w.r.t. the initial states: through step 0.
   at::Tensor dh0 = d.dh0;
   at::addmm_out(dh0, carry_t, d.dgh[0], d.R);
@@ -464,6 +514,32 @@ void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
   });
 }
 
+// dst[N, M] = src[M, N]^T, both row-major with leading dimensions: 8x8 register transposes in
+// 64x64 blocks over the threads. ATen's transposing copy runs on one thread at ~3 GB/s here; in
+// the weight gradients' GEMMs below it took ~20% of the GEMM's time (1.3 ms of an LSTM
+// backward at (50,32,128,256), 3 ms at (20,64,256,512)).
+void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
+               int64_t ld_dst) {
+  constexpr int64_t kBlock = 64;
+  const int64_t bm = (M + kBlock - 1) / kBlock, bn = (N + kBlock - 1) / kBlock;
+  at::parallel_for(0, bm * bn, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t i0 = blk / bn * kBlock, j0 = blk % bn * kBlock;
+      const int64_t i1 = std::min(M, i0 + kBlock), j1 = std::min(N, j0 + kBlock);
+      for (int64_t i = i0; i < i1; i += 8)
+        for (int64_t j = j0; j < j1; j += 8) {
+          const float* s = src + i * ld_src + j;
+          float* d = dst + j * ld_dst + i;
+          if (i + 8 <= i1 && j + 8 <= j1)
+            at::vec::transpose_mxn<float, 8, 8>(s, ld_src, d, ld_dst);
+          else
+            at::vec::transpose_mxn<float>(s, ld_src, d, ld_dst, std::min<int64_t>(8, i1 - i),
+                                          std::min<int64_t>(8, j1 - j));
+        }
+    }
+  });
+}
+
 bool row_major(const at::Tensor& t) {
   return t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) && t.stride(0) >= t.size(1);
 }
@@ -477,16 +553,19 @@ bool cpu_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   if (M == 0 || N == 0) return true;
   if (!bias.defined() && !row_major(a) && row_major(a.t()) && M * K > K * N + M * N) {
-    const at::Tensor bt = b.t().contiguous();  // [N, K]
-    const at::Tensor at_ = a.t();              // [K, M], row-major
+    const at::Tensor bm = row_major(b) ? b : b.contiguous();  // [K, N]
+    at::Tensor bt = at::empty({N, K}, out.options());
+    transpose(K, N, bm.data_ptr<float>(), bm.stride(0), bt.data_ptr<float>(), K);
+    const at::Tensor at_ = a.t();  // [K, M], row-major
     at::Tensor tmp = at::empty({N, M}, out.options());
-    blocked_mm(N, M, K, bt.data_ptr<float>(), bt.stride(0), at_.data_ptr<float>(),
-               at_.stride(0), at_.stride(1), tmp.data_ptr<float>(), M, false, nullptr);
-    at::Tensor o = out;
-    if (accumulate)
+    blocked_mm(N, M, K, bt.data_ptr<float>(), K, at_.data_ptr<float>(), at_.stride(0),
+               at_.stride(1), tmp.data_ptr<float>(), M, false, nullptr);
+    if (accumulate) {
+      at::Tensor o = out;
       o.add_(tmp.t());
-    else
-      o.copy_(tmp.t());
+    } else {
+      transpose(N, M, tmp.data_ptr<float>(), M, out.data_ptr<float>(), out.stride(0));
+    }
     return true;
   }
   const at::Tensor A = row_major(a) ? a : a.contiguous();
