@@ -329,11 +329,53 @@ int64_t unit_block(const Config& cfg, bool forward) {
   return cfg.U % 8 == 0 ? 8 : 0;
 }
 
+// dst[N, M] = src[M, N]^T, both row-major with leading dimensions, in 8x8 register transposes.
+void transpose_block(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
+                     int64_t ld_dst) {
+  for (int64_t i = 0; i < M; i += 8)
+    for (int64_t j = 0; j < N; j += 8) {
+      const float* s = src + i * ld_src + j;
+      float* d = dst + j * ld_dst + i;
+      if (i + 8 <= M && j + 8 <= N)
+        at::vec::transpose_mxn<float, 8, 8>(s, ld_src, d, ld_dst);
+      else
+        at::vec::transpose_mxn<float>(s, ld_src, d, ld_dst, std::min<int64_t>(8, M - i),
+                                      std::min<int64_t>(8, N - j));
+    }
+}
+
+// The same in 64x64 blocks over the threads. ATen's transposing copies run on one thread at
+// ~3 GB/s here: in the weight gradients' GEMMs below they took ~20% of the GEMM's time (1.3 ms
+// of an LSTM backward at (50,32,128,256), 3 ms at (20,64,256,512)).
+void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
+               int64_t ld_dst) {
+  constexpr int64_t kBlock = 64;
+  const int64_t bm = (M + kBlock - 1) / kBlock, bn = (N + kBlock - 1) / kBlock;
+  at::parallel_for(0, bm * bn, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t i = blk / bn * kBlock, j = blk % bn * kBlock;
+      transpose_block(std::min(kBlock, M - i), std::min(kBlock, N - j), src + i * ld_src + j,
+                      ld_src, dst + j * ld_dst + i, ld_dst);
+    }
+  });
+}
+
 // The gate columns of block j as one [K, N = G*ub] operand: P[j][k][g][ul] = M[g*U + j*ub + ul][k]
-// for M = R or W ([GU, K]).
+// for M = R or W ([GU, K], contiguous): an [ub, K] slice of M transposed per (j, g). (ATen's
+// permuted copy took 1.3 ms per forward call at (20,64,256,512).)
 at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
-  const int64_t U = M.size(0) / G, K = M.size(1);
-  return M.view({G, U / ub, ub, K}).permute({1, 3, 0, 2}).contiguous();
+  const at::Tensor m = M.contiguous();
+  const int64_t U = m.size(0) / G, K = m.size(1), nblk = U / ub, N = G * ub;
+  at::Tensor P = at::empty({nblk, K, N}, m.options());
+  const float* src = m.data_ptr<float>();
+  float* dst = P.data_ptr<float>();
+  at::parallel_for(0, nblk * G, 4, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t j = q / G, g = q % G;
+      transpose_block(ub, K, src + (g * U + j * ub) * K, K, dst + j * K * N + g * ub, N);
+    }
+  });
+  return P;
 }
 
 // Without projected inputs (d.gx undefined), LSTM and the plain RNNs project each step's inputs
@@ -498,8 +540,12 @@ void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
         const float* b = B + k0 * sbk + j * sbn;
         int64_t ldb = sbk;
         if (!in_place) {
-          for (int64_t q = 0; q < n; ++q)
-            for (int64_t k = 0; k < kc; ++k) panel[k * n + q] = b[k * sbk + q * sbn];
+          if (sbk == 1) {  // B^T row-major: its rows j.. j+n are this panel's columns
+            transpose_block(n, kc, b, sbn, panel.data(), n);
+          } else {
+            for (int64_t q = 0; q < n; ++q)
+              for (int64_t k = 0; k < kc; ++k) panel[k * n + q] = b[k * sbk + q * sbn];
+          }
           b = panel.data();
           ldb = n;
         }
@@ -510,32 +556,6 @@ void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
         }
       }
       t = t_end;
-    }
-  });
-}
-
-// dst[N, M] = src[M, N]^T, both row-major with leading dimensions: 8x8 register transposes in
-// 64x64 blocks over the threads. ATen's transposing copy runs on one thread at ~3 GB/s here; in
-// the weight gradients' GEMMs below it took ~20% of the GEMM's time (1.3 ms of an LSTM
-// backward at (50,32,128,256), 3 ms at (20,64,256,512)).
-void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
-               int64_t ld_dst) {
-  constexpr int64_t kBlock = 64;
-  const int64_t bm = (M + kBlock - 1) / kBlock, bn = (N + kBlock - 1) / kBlock;
-  at::parallel_for(0, bm * bn, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t i0 = blk / bn * kBlock, j0 = blk % bn * kBlock;
-      const int64_t i1 = std::min(M, i0 + kBlock), j1 = std::min(N, j0 + kBlock);
-      for (int64_t i = i0; i < i1; i += 8)
-        for (int64_t j = j0; j < j1; j += 8) {
-          const float* s = src + i * ld_src + j;
-          float* d = dst + j * ld_dst + i;
-          if (i + 8 <= i1 && j + 8 <= j1)
-            at::vec::transpose_mxn<float, 8, 8>(s, ld_src, d, ld_dst);
-          else
-            at::vec::transpose_mxn<float>(s, ld_src, d, ld_dst, std::min<int64_t>(8, i1 - i),
-                                          std::min<int64_t>(8, j1 - j));
-        }
     }
   });
 }
