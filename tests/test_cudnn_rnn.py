@@ -122,6 +122,31 @@ def test_matches_torch_nn(case, dtype, tol, device):
         assert rel_err(a, b) <= tol, name
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", [Case("lstm", 1, 1, T_=5, B=19, I=9, U=16,
+                                       lengths=[5, 1, 3, 5, 2] * 3 + [4, 5, 1, 2]),
+                                  Case("gru", 1, 1, T_=5, B=16, I=9, U=32),
+                                  Case("rnn_tanh", 1, 1, T_=4, B=17, I=9, U=16)], ids=repr)
+def test_fused_steps_split_rows_or_blocks(case, threads):
+    # float32's fused steps split batch rows over the threads when each gets >= 8 rows (19
+    # rows: 10 + 9), else each step's unit blocks; one thread does all. Same numbers each way.
+    # (Unidirectional: the two directions of a bidirectional layer run one per thread.)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, h, c, p, lens = case.tensors(torch.float32, "cpu")
+        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, torch.float32, "cpu")
+        (out, oh, oc), ours = _grads_ours(case, x, h, c, p, lens, dy, dh, dc)
+        (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
+    finally:
+        torch.set_num_threads(before)
+    assert rel_err(out, r_out) <= 1e-5 and rel_err(oh, r_oh) <= 1e-5
+    if case.mode == "lstm":
+        assert rel_err(oc, r_oc) <= 1e-5
+    for name, a, b in zip(["input", "input_h", "params", "input_c"], ours, ref):
+        assert rel_err(a, b) <= 1e-5, name
+
+
 def test_padded_outputs_are_zero_and_states_taken_at_each_length():
     case = Case("lstm", 2, 2, lengths=[6, 2, 4, 1])
     x, h, c, p, lens = case.tensors()

@@ -294,10 +294,11 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 }
 
 // ---- Fused steps (float32, no projection) ----------------------------------------------------
-// Per step, one parallel region over blocks of `ub` units: the recurrent GEMM of the block's
-// gate columns (oneDNN's brgemm micro-kernel on weights packed once per call, so the block
-// stays in cache) followed at once by the block's cell. This replaces a GEMM call (MKL packs
-// R on every call), a bias copy and a second parallel region per step.
+// Per step and block of `ub` units: the recurrent GEMM of the block's gate columns (oneDNN's
+// brgemm micro-kernel on weights packed once per call, so the block stays in cache; for LSTM
+// and the plain RNNs also the input projection) followed at once by the block's cell. The
+// threads take the batch rows, or each step's blocks (over_rows_or_blocks). This replaces a
+// GEMM call per step (MKL packs R on every call), a bias copy and parallel regions per step.
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 bool brgemm_usable() {
   static const bool ok = [] {
@@ -312,15 +313,15 @@ bool brgemm_usable() {
   return ok;
 }
 
-// Units per block of the fused steps (0: the fused path does not apply). Measured on
-// (50,32,128,256) and (20,64,256,512): the forward's block GEMM (N = G*ub gate columns, K = U)
-// is fastest with the narrowest N that is whole 16-float vectors, 32 for LSTM (ub 8, 7% faster
-// than 16, its R panel fits L1) and 48 for GRU (ub 16; 24 columns were 12% slower). The
+// Units per block of the fused steps (0: the fused path does not apply). Measured (LSTM, 2
+// threads, batch rows split over them): the forward's block GEMM (N = G*ub gate columns) at
+// ub 16 was 3-7% faster than at 8 for (50,32,128,256) and (100,16,64,128), 1.5% slower for
+// (20,64,256,512); GRU at ub 8 (24 columns, not whole 16-float vectors) was 12% slower. The
 // backward's (N = ub, K = G*U) gains 1-3% from ub 64 over 16.
 int64_t unit_block(const Config& cfg, bool forward) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
   if (forward) {
-    for (int64_t ub : {8, 16})
+    for (int64_t ub : {16, 8})
       if (cfg.U % ub == 0 && cfg.G * ub % 16 == 0) return ub;
   } else {
     for (int64_t ub : {64, 32, 16})
@@ -378,6 +379,24 @@ at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
   return P;
 }
 
+// How the fused steps use the threads; calls steps(b0, b1, blocks_in_parallel). Batch rows
+// are independent through every step, so with enough rows per thread each thread runs all the
+// steps for its own rows: no barrier per step, and no state crossing cores (with the units
+// split instead, half of every step's h, or dG in the backward, is written by the other core
+// and read back by both). With few rows per thread the threads split each step's unit blocks,
+// as every thread would otherwise stream all the weights once per step for a few rows.
+template <typename F>
+void over_rows_or_blocks(int64_t B, const F& steps) {
+  constexpr int64_t kMinRows = 8;
+  const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
+  if (nt > 1 && B >= kMinRows * nt) {
+    at::parallel_for(0, B, (B + nt - 1) / nt,
+                     [&](int64_t b0, int64_t b1) { steps(b0, b1, false); });
+  } else {
+    steps(0, B, true);
+  }
+}
+
 // Without projected inputs (d.gx undefined), LSTM and the plain RNNs project each step's inputs
 // in the block GEMM too: buf = x_s Wp_j + h Rp_j, and the two biases are added as one. Then
 // the [T, B, G*U] projection is never written and read back: measured ~8% of an LSTM forward
@@ -409,31 +428,38 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
   float* acts = d.acts.defined() ? d.acts.data_ptr<float>() : nullptr;
   const float *h0 = d.h0.data_ptr<float>(), *c0 = lstm ? d.c0.data_ptr<float>() : nullptr;
   with_mode(cfg.mode, [&](auto mode) {
-  for (int64_t s = 0; s < cfg.T; ++s) {
-    const float* h_prev = s ? hs + (s - 1) * B * U : h0;
-    const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
-    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
-      std::vector<float> buf(B * N);
-      for (int64_t j = j0; j < j1; ++j) {
-        if (project)
-          at::native::cpublas::brgemm(B, N, I, I, N, N, false, xs + s * B * I, wp + j * I * N,
-                                      buf.data());
-        at::native::cpublas::brgemm(B, N, U, U, N, N, project, h_prev, rp + j * U * N,
-                                    buf.data());
-        const int64_t u0 = j * ub;
-        for (int64_t b = 0; b < B; ++b) {
-          const int64_t row = (s * B + b);
-          // pre-activation of gate g = x[g * x_gate] + r[g * r_gate] (+ bR[g * U])
-          FwdSeg<float> seg{project ? bs + u0 : gx + row * GU + u0, U, buf.data() + b * N, ub,
-                            project ? nullptr : bs + u0, U,
-                            lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
-                            lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
-                            acts ? acts + row * AW + u0 : nullptr};
-          forward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b], false);
-        }
+    over_rows_or_blocks(B, [&](int64_t b0, int64_t b1, bool blocks_in_parallel) {
+      const int64_t rows = b1 - b0;
+      for (int64_t s = 0; s < cfg.T; ++s) {
+        const float* h_prev = s ? hs + (s - 1) * B * U : h0;
+        const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
+        auto blocks = [&](int64_t j0, int64_t j1) {
+          std::vector<float> buf(rows * N);
+          for (int64_t j = j0; j < j1; ++j) {
+            if (project)
+              at::native::cpublas::brgemm(rows, N, I, I, N, N, false, xs + (s * B + b0) * I,
+                                          wp + j * I * N, buf.data());
+            at::native::cpublas::brgemm(rows, N, U, U, N, N, project, h_prev + b0 * U,
+                                        rp + j * U * N, buf.data());
+            const int64_t u0 = j * ub;
+            for (int64_t b = b0; b < b1; ++b) {
+              const int64_t row = s * B + b;
+              // pre-activation of gate g = x[g * x_gate] + r[g * r_gate] (+ bR[g * U])
+              FwdSeg<float> seg{project ? bs + u0 : gx + row * GU + u0, U,
+                                buf.data() + (b - b0) * N, ub, project ? nullptr : bs + u0, U,
+                                lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
+                                lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
+                                acts ? acts + row * AW + u0 : nullptr};
+              forward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b], false);
+            }
+          }
+        };
+        if (blocks_in_parallel)
+          at::parallel_for(0, nblk, 1, blocks);
+        else
+          blocks(0, nblk);
       }
     });
-  }
   });
   return true;
 }
@@ -453,46 +479,60 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   const float *h0 = d.h0.data_ptr<float>(), *c0 = lstm ? d.c0.data_ptr<float>() : nullptr;
   float *dgx = d.dgx.data_ptr<float>(), *dgh = d.dgh.data_ptr<float>();
   at::Tensor carry_t = at::empty({B, U}, d.dgx.options());
+  // dc through the steps, in two buffers that alternate: step s reads one, writes the other.
   at::Tensor dc_a = lstm ? d.dc_n.contiguous().clone() : at::Tensor();
   at::Tensor dc_b = lstm ? at::empty({B, U}, d.dgx.options()) : at::Tensor();
   float* carry = carry_t.data_ptr<float>();
   const float* dh_n = d.dh_n.data_ptr<float>();
   with_mode(cfg.mode, [&](auto mode) {
-  for (int64_t s = cfg.T - 1; s >= 0; --s) {
-    const float* dc_in = lstm ? dc_a.data_ptr<float>() : nullptr;
-    float* dc_out = lstm ? dc_b.data_ptr<float>() : nullptr;
-    const float* h_prev = s ? hs + (s - 1) * B * U : h0;
-    const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
-    at::parallel_for(0, nblk, 1, [&](int64_t j0, int64_t j1) {
-      std::vector<float> dh(B * ub);
-      for (int64_t j = j0; j < j1; ++j) {
-        const int64_t u0 = j * ub;
-        // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
-        // step's gate gradients through R plus its direct part (carry).
-        if (s == cfg.T - 1) {
-          for (int64_t b = 0; b < B; ++b) copy_row(dh.data() + b * ub, dh_n + b * U + u0, ub);
-        } else {
-          at::native::cpublas::brgemm(B, ub, GU, GU, ub, ub, false, dgh + (s + 1) * B * GU,
-                                      rb + j * GU * ub, dh.data());
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t u = 0; u < ub; ++u) dh[b * ub + u] += carry[b * U + u0 + u];
-        }
-        for (int64_t b = 0; b < B; ++b) {
-          const int64_t row = s * B + b;
-          float* dhb = dh.data() + b * ub;
-          for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
-          BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
-                            lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
-                            lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
-                            gru ? dgh + row * GU + u0 : nullptr,
-                            lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
-          backward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b]);
-        }
+    over_rows_or_blocks(B, [&](int64_t b0, int64_t b1, bool blocks_in_parallel) {
+      const int64_t rows = b1 - b0;
+      float* dc_in = lstm ? dc_a.data_ptr<float>() : nullptr;
+      float* dc_out = lstm ? dc_b.data_ptr<float>() : nullptr;
+      for (int64_t s = cfg.T - 1; s >= 0; --s) {
+        const float* h_prev = s ? hs + (s - 1) * B * U : h0;
+        const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
+        auto blocks = [&](int64_t j0, int64_t j1) {
+          std::vector<float> dh(rows * ub);
+          for (int64_t j = j0; j < j1; ++j) {
+            const int64_t u0 = j * ub;
+            // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
+            // step's gate gradients through R plus its direct part (carry: for LSTM only the
+            // dh that steps past a row's length pass through).
+            if (s == cfg.T - 1) {
+              for (int64_t b = b0; b < b1; ++b)
+                copy_row(dh.data() + (b - b0) * ub, dh_n + b * U + u0, ub);
+            } else {
+              at::native::cpublas::brgemm(rows, ub, GU, GU, ub, ub, false,
+                                          dgh + ((s + 1) * B + b0) * GU, rb + j * GU * ub,
+                                          dh.data());
+              if (!lstm || lens)
+                for (int64_t b = b0; b < b1; ++b)
+                  for (int64_t u = 0; u < ub; ++u)
+                    dh[(b - b0) * ub + u] += carry[b * U + u0 + u];
+            }
+            for (int64_t b = b0; b < b1; ++b) {
+              const int64_t row = s * B + b;
+              float* dhb = dh.data() + (b - b0) * ub;
+              for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
+              BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
+                                lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
+                                lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
+                                gru ? dgh + row * GU + u0 : nullptr,
+                                lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
+              backward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b]);
+            }
+          }
+        };
+        if (blocks_in_parallel)
+          at::parallel_for(0, nblk, 1, blocks);
+        else
+          blocks(0, nblk);
+        std::swap(dc_in, dc_out);
       }
     });
-    if (lstm) std::swap(dc_a, dc_b);
-  }
   });
+  if (lstm && cfg.T % 2) std::swap(dc_a, dc_b);  // the last step wrote dc_b
   // Gradients w.r.t. the initial states: through step 0.
   at::Tensor dh0 = d.dh0;
   at::addmm_out(dh0, carry_t, d.dgh[0], d.R);
