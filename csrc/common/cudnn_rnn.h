@@ -154,6 +154,13 @@ struct CellKernels {
   // strides for a and b; false when it does not apply (the driver then uses ATen).
   bool (*matmul)(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                  const at::Tensor& out, bool accumulate) = nullptr;
+  // Optional: a layer's weight and bias gradients when the input and recurrent weights see the
+  // same gate gradients dG [T, B, GU] (all modes but GRU): gW = dG^T x, gR = dG^T h_prev
+  // (h_prev: h0, then h of steps 0..T-2), gb = the column sums of dG; false when it does not
+  // apply.
+  bool (*weight_grads)(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
+                       const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
+                       const at::Tensor& gb) = nullptr;
 };
 
 // out (+)= a @ b (+ bias) through the device's GEMM hook, or ATen.

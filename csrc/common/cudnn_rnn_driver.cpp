@@ -469,9 +469,14 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       // In processing order: the reverse direction reorders the (narrower) layer input and
       // its gradient, not dG.
       const Tensor dgx_p = dgx.view({TB, cfg.GU()});
-      if (cfg.has_input_weights(layer)) {
-        const Tensor x_p = d ? steps.reorder(x_l, d).contiguous() : x_l;
-        matmul_into(cells, g.W, dgx_p.t(), x_p.reshape({TB, in_w}), false);
+      const Tensor x_p = !cfg.has_input_weights(layer) ? Tensor()
+                         : d ? steps.reorder(x_l, d).contiguous() : x_l;
+      // Both weights see the same gate gradients (all but GRU): a kernel may do the weight and
+      // bias gradients in one.
+      const bool weights_done = x_p.defined() && dgh.is_same(dgx) && cells.weight_grads &&
+                                cells.weight_grads(x_p, h0[p], sv.h, dgx, g.W, g.R, g.bW);
+      if (x_p.defined()) {
+        if (!weights_done) matmul_into(cells, g.W, dgx_p.t(), x_p.reshape({TB, in_w}), false);
         if (d == 0) {
           matmul_into(cells, d_in.view({TB, in_w}), dgx_p, lp.W, false);
         } else {
@@ -482,12 +487,14 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       } else {
         d_in_part[d] = steps.reorder(dgx.view({T, B, cfg.G, U}).sum(2), d);
       }
-      g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
-      // dR = sum_s dgh_s^T h_{s-1}: the hidden states shifted by one step, h0 first.
-      const Tensor h_prev_all = T > 1 ? at::cat({h0[p].unsqueeze(0), sv.h.narrow(0, 0, T - 1)})
-                                      : h0[p].unsqueeze(0);
-      matmul_into(cells, g.R, dgh.reshape({TB, cfg.GU()}).t(), h_prev_all.reshape({TB, Hh}),
-                  false);
+      if (!weights_done) {
+        g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
+        // dR = sum_s dgh_s^T h_{s-1}: the hidden states shifted by one step, h0 first.
+        const Tensor h_prev_all =
+            T > 1 ? at::cat({h0[p].unsqueeze(0), sv.h.narrow(0, 0, T - 1)}) : h0[p].unsqueeze(0);
+        matmul_into(cells, g.R, dgh.reshape({TB, cfg.GU()}).t(), h_prev_all.reshape({TB, Hh}),
+                    false);
+      }
       if (dgh.is_same(dgx))  // LSTM: both biases feed the same gate pre-activations
         g.bR.copy_(g.bW);
       else
