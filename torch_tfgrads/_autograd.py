@@ -250,6 +250,9 @@ def _rnn_setup_context(ctx, inputs, output):
     x, h, c, params, lengths, *attrs = inputs
     out, out_h, out_c, reserve, host_reserved = output
     ctx.mark_non_differentiable(reserve, host_reserved)
+    # Unused output gradients arrive as None, not as zeros: autograd would otherwise fill a
+    # zero tensor the size of the reserve space (megabytes) on every backward.
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, h, c, params, lengths, out, out_h, out_c, reserve, host_reserved)
     # attrs: rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, is_training,
     # time_major
