@@ -144,6 +144,10 @@ struct DirectionBackward {
   at::Tensor dh_n, dc_n;      // [B, Hh], [B, U]
   at::Tensor dgx, dgh;        // out [T, B, GU] (dgh: GRU, else == dgx)
   at::Tensor dh0, dc0;        // out [B, Hh], [B, U]
+  // Optional: the layer input's gradient dx = dG W ([T, B, in_width], processing order) may be
+  // computed step by step as well; *dx_done tells whether it was.
+  at::Tensor W, dx;
+  bool* dx_done = nullptr;
 };
 struct CellKernels {
   void (*forward)(const Config&, const CellForward&);

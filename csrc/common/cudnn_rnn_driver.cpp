@@ -1,7 +1,9 @@
 // The CudnnRNN forward and backward passes, device-independent (see cudnn_rnn.h): per layer
 // and direction one GEMM projects the inputs of every step, then each step does one GEMM for
 // the recurrent part and one fused cell kernel; the backward mirrors it and finishes each
-// layer with batched GEMMs for the weight gradients over all steps.
+// layer with batched GEMMs for the weight gradients over all steps. A device may run a
+// direction's whole step loop itself (forward_direction / backward_direction, the input
+// projection included) and the weight gradients as one product (weight_grads).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/Functions.h>
@@ -407,10 +409,19 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       Tensor dgx = scratch_empty({T, B, cfg.GU()}, opts);
       Tensor dgh = cfg.mode == Mode::kGru ? scratch_empty({T, B, cfg.GU()}, opts) : dgx;
       Tensor dhp = cfg.P > 0 ? at::empty({T, B, Hh}, opts) : Tensor();
-      const DirectionBackward fused{sv.acts, sv.c, sv.h, h0[p], cfg.lstm() ? c0[p] : Tensor(),
-                                    lp.R, steps.lens, dy, dh_n[p],
-                                    cfg.lstm() ? dc_n[p] : Tensor(), dgx, dgh, dh0[p],
-                                    cfg.lstm() ? dc0[p] : Tensor()};
+      DirectionBackward fused{sv.acts, sv.c, sv.h, h0[p], cfg.lstm() ? c0[p] : Tensor(),
+                              lp.R, steps.lens, dy, dh_n[p],
+                              cfg.lstm() ? dc_n[p] : Tensor(), dgx, dgh, dh0[p],
+                              cfg.lstm() ? dc0[p] : Tensor()};
+      // The layer input's gradient, in processing order: d_in itself for the forward direction.
+      const Tensor d_in_p = !cfg.has_input_weights(layer) ? Tensor()
+                            : d == 0 ? d_in : scratch_empty({T, B, in_w}, opts);
+      bool d_in_done = false;
+      if (d_in_p.defined()) {
+        fused.W = lp.W;
+        fused.dx = d_in_p;
+        fused.dx_done = &d_in_done;
+      }
       const bool done = cells.backward_direction && cells.backward_direction(cfg, fused);
       // The step loop of the unfused path (other devices and dtypes, projection).
       Tensor dh, dh_total, carry, dc, dc_prev, dm;
@@ -477,13 +488,8 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
                                 cells.weight_grads(x_p, h0[p], sv.h, dgx, g.W, g.R, g.bW);
       if (x_p.defined()) {
         if (!weights_done) matmul_into(cells, g.W, dgx_p.t(), x_p.reshape({TB, in_w}), false);
-        if (d == 0) {
-          matmul_into(cells, d_in.view({TB, in_w}), dgx_p, lp.W, false);
-        } else {
-          Tensor d_in_p = scratch_empty({T, B, in_w}, opts);
-          matmul_into(cells, d_in_p.view({TB, in_w}), dgx_p, lp.W, false);
-          d_in_part[d] = steps.reorder(d_in_p, d);
-        }
+        if (!d_in_done) matmul_into(cells, d_in_p.view({TB, in_w}), dgx_p, lp.W, false);
+        if (d != 0) d_in_part[d] = steps.reorder(d_in_p, d);
       } else {
         d_in_part[d] = steps.reorder(dgx.view({T, B, cfg.G, U}).sum(2), d);
       }

@@ -379,7 +379,8 @@ at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
   return P;
 }
 
-// How the fused steps use the threads; calls steps(b0, b1, blocks_in_parallel). Batch rows
+// How the fused steps use the threads; calls steps(b0, b1, blocks_in_parallel) (false: the
+// caller's thread does every block of its rows, in order). Batch rows
 // are independent through every step, so with enough rows per thread each thread runs all the
 // steps for its own rows: no barrier per step, and no state crossing cores (with the units
 // split instead, half of every step's h, or dG in the backward, is written by the other core
@@ -389,7 +390,9 @@ template <typename F>
 void over_rows_or_blocks(int64_t B, const F& steps) {
   constexpr int64_t kMinRows = 8;
   const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
-  if (nt > 1 && B >= kMinRows * nt) {
+  if (nt == 1) {
+    steps(0, B, false);
+  } else if (B >= kMinRows * nt) {
     at::parallel_for(0, B, (B + nt - 1) / nt,
                      [&](int64_t b0, int64_t b1) { steps(b0, b1, false); });
   } else {
@@ -488,8 +491,23 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   at::Tensor dc_b = lstm ? at::empty({B, U}, d.dgx.options()) : at::Tensor();
   float* carry = carry_t.data_ptr<float>();
   const float* dh_n = d.dh_n.data_ptr<float>();
+  // dx = dG W step by step when the rows are split (see over_rows_or_blocks).
+  const at::Tensor Wc = d.dx.defined() ? d.W.contiguous() : at::Tensor();
+  float* dx = d.dx.defined() && d.dx.is_contiguous() && d.dx.size(2) > 0 &&
+                      nullptr != d.dx_done
+                  ? d.dx.data_ptr<float>()
+                  : nullptr;
+  const int64_t I = dx ? d.dx.size(2) : 0;
+  auto step_dx = [&](int64_t s, int64_t b0, int64_t b1) {
+    for (int64_t n0 = 0; n0 < I; n0 += 64)
+      at::native::cpublas::brgemm(b1 - b0, std::min<int64_t>(64, I - n0), GU, GU, I, I, false,
+                                  dgx + (s * B + b0) * GU, Wc.data_ptr<float>() + n0,
+                                  dx + (s * B + b0) * I + n0);
+  };
+  bool blocks_split = false;  // set by the one caller when the threads split the blocks
   with_mode(cfg.mode, [&](auto mode) {
     over_rows_or_blocks(B, [&](int64_t b0, int64_t b1, bool blocks_in_parallel) {
+      if (blocks_in_parallel) blocks_split = true;
       const int64_t rows = b1 - b0;
       float* dc_in = lstm ? dc_a.data_ptr<float>() : nullptr;
       float* dc_out = lstm ? dc_b.data_ptr<float>() : nullptr;
@@ -528,15 +546,20 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
             }
           }
         };
-        if (blocks_in_parallel)
+        if (blocks_in_parallel) {
           at::parallel_for(0, nblk, 1, blocks);
-        else
+        } else {
           blocks(0, nblk);
+          // This step's dG rows are complete and still cached: dx of the rows = dG W now,
+          // rather than a GEMM over all steps afterwards that reads dG back.
+          if (dx) step_dx(s, b0, b1);
+        }
         std::swap(dc_in, dc_out);
       }
     });
   });
   if (lstm && cfg.T % 2) std::swap(dc_a, dc_b);  // the last step wrote dc_b
+  if (dx && !blocks_split) *d.dx_done = true;
   // Gradients w.r.t. the initial states: through step 0 (dh0 = carry + dG_0 R; ATen's addmm
   // took MKL's generic path, 0.7% of an LSTM step).
   at::Tensor dh0 = d.dh0;
