@@ -123,7 +123,7 @@ def test_matches_torch_nn(case, dtype, tol, device):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", [Case("lstm", 1, 1, T_=5, B=19, I=9, U=16,
+@pytest.mark.parametrize("case", [Case("lstm", 1, 1, T_=5, B=19, I=9, U=64,
                                        lengths=[5, 1, 3, 5, 2] * 3 + [4, 5, 1, 2]),
                                   Case("gru", 1, 1, T_=5, B=16, I=9, U=32),
                                   Case("rnn_tanh", 1, 1, T_=4, B=17, I=9, U=16)], ids=repr)

@@ -313,20 +313,29 @@ bool brgemm_usable() {
   return ok;
 }
 
-// Units per block of the fused steps (0: the fused path does not apply). Measured (LSTM, 2
-// threads, batch rows split over them): the forward's block GEMM (N = G*ub gate columns) at
-// ub 16 was 3-7% faster than at 8 for (50,32,128,256) and (100,16,64,128), 1.5% slower for
-// (20,64,256,512); GRU at ub 8 (24 columns, not whole 16-float vectors) was 12% slower. The
-// backward's (N = ub, K = G*U) gains 1-3% from ub 64 over 16.
-int64_t unit_block(const Config& cfg, bool forward) {
+// Whether each thread runs all steps for its own batch rows (see over_rows_or_blocks): one
+// thread, or at least kMinRows rows per thread.
+constexpr int64_t kMinRows = 8;
+bool threads_own_rows(int64_t B) {
+  const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
+  return nt == 1 || B >= kMinRows * nt;
+}
+
+// Units per block of the fused steps (0: the fused path does not apply). Measured with 2
+// threads: when a thread owns its rows, the LSTM forward's block GEMM (N = G*ub gate columns)
+// ran 4-16% faster at ub 64 than at 16 (128 no better) and the backward's (N = ub, K = G*U)
+// 1-3% faster at 64 than at 16; when the threads split the blocks, narrower blocks keep them
+// all busy (ub 8 for the LSTM forward, whose 32-column GEMM then fits its R panel in L1, was
+// 7% faster than 16). GRU's forward stays at 16 (48 columns; 24 were 12% slower, 96 no faster).
+int64_t unit_block(const Config& cfg, bool forward, bool own_rows) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
-  if (forward) {
-    for (int64_t ub : {16, 8})
-      if (cfg.U % ub == 0 && cfg.G * ub % 16 == 0) return ub;
-  } else {
-    for (int64_t ub : {64, 32, 16})
-      if (cfg.U % ub == 0) return ub;
-  }
+  const bool gru = cfg.mode == Mode::kGru;
+  const std::vector<int64_t> sizes =
+      !forward ? std::vector<int64_t>{64, 32, 16}
+      : gru    ? std::vector<int64_t>{16}
+      : own_rows ? std::vector<int64_t>{64, 32, 16} : std::vector<int64_t>{8, 16};
+  for (int64_t ub : sizes)
+    if (cfg.U % ub == 0 && cfg.G * ub % 16 == 0) return ub;
   return cfg.U % 8 == 0 ? 8 : 0;
 }
 
@@ -388,16 +397,14 @@ at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
 // as every thread would otherwise stream all the weights once per step for a few rows.
 template <typename F>
 void over_rows_or_blocks(int64_t B, const F& steps) {
-  constexpr int64_t kMinRows = 8;
   const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
-  if (nt == 1) {
+  if (!threads_own_rows(B))
+    steps(0, B, true);
+  else if (nt == 1)
     steps(0, B, false);
-  } else if (B >= kMinRows * nt) {
+  else
     at::parallel_for(0, B, (B + nt - 1) / nt,
                      [&](int64_t b0, int64_t b1) { steps(b0, b1, false); });
-  } else {
-    steps(0, B, true);
-  }
 }
 
 // Without projected inputs (d.gx undefined), LSTM and the plain RNNs project each step's inputs
@@ -410,7 +417,7 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
   const at::Tensor& like = project ? d.x : d.gx;
   if (!like.defined() || like.scalar_type() != at::kFloat) return false;
   if (project && (cfg.mode == Mode::kGru || d.x.size(2) == 0)) return false;
-  const int64_t ub = unit_block(cfg, true);
+  const int64_t ub = unit_block(cfg, true, threads_own_rows(cfg.B));
   if (ub == 0) return false;
   const int64_t G = cfg.G, U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
   const int64_t nblk = U / ub, N = G * ub;
@@ -472,7 +479,8 @@ void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
 bool row_major(const at::Tensor& t);
 
 bool backward_direction(const Config& cfg, const DirectionBackward& d) {
-  const int64_t ub = d.dgx.scalar_type() == at::kFloat ? unit_block(cfg, false) : 0;
+  const int64_t ub =
+      d.dgx.scalar_type() == at::kFloat ? unit_block(cfg, false, threads_own_rows(cfg.B)) : 0;
   if (ub == 0) return false;
   const int64_t U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
   const int64_t nblk = U / ub;
