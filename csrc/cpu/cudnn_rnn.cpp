@@ -499,12 +499,11 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   at::Tensor dc_b = lstm ? at::empty({B, U}, d.dgx.options()) : at::Tensor();
   float* carry = carry_t.data_ptr<float>();
   const float* dh_n = d.dh_n.data_ptr<float>();
-  // dx = dG W step by step when the rows are split (see over_rows_or_blocks).
-  const at::Tensor Wc = d.dx.defined() ? d.W.contiguous() : at::Tensor();
-  float* dx = d.dx.defined() && d.dx.is_contiguous() && d.dx.size(2) > 0 &&
-                      nullptr != d.dx_done
-                  ? d.dx.data_ptr<float>()
-                  : nullptr;
+  // dx = dG W step by step when a thread owns its rows (see over_rows_or_blocks).
+  const bool want_dx = d.dx.defined() && d.dx_done != nullptr && d.dx.is_contiguous() &&
+                       d.dx.size(2) > 0;
+  const at::Tensor Wc = want_dx ? d.W.contiguous() : at::Tensor();
+  float* dx = want_dx ? d.dx.data_ptr<float>() : nullptr;
   const int64_t I = dx ? d.dx.size(2) : 0;
   auto step_dx = [&](int64_t s, int64_t b0, int64_t b1) {
     for (int64_t n0 = 0; n0 < I; n0 += 64)
