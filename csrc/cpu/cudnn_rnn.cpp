@@ -388,13 +388,21 @@ at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
   return P;
 }
 
+// A per-thread buffer of at least n floats, kept between steps and calls: the step loops
+// below need one per step (gate pre-activations, dh) and would otherwise allocate it each time.
+float* thread_buffer(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 // How the fused steps use the threads; calls steps(b0, b1, blocks_in_parallel) (false: the
-// caller's thread does every block of its rows, in order). Batch rows
-// are independent through every step, so with enough rows per thread each thread runs all the
-// steps for its own rows: no barrier per step, and no state crossing cores (with the units
-// split instead, half of every step's h, or dG in the backward, is written by the other core
-// and read back by both). With few rows per thread the threads split each step's unit blocks,
-// as every thread would otherwise stream all the weights once per step for a few rows.
+// caller's thread does every block of its rows, in order). Batch rows are independent through
+// every step, so with enough rows per thread each thread runs all the steps for its own rows:
+// no barrier per step, and no state crossing cores (with the units split instead, half of
+// every step's h, or dG in the backward, is written by the other core and read back by both).
+// With few rows per thread the threads split each step's unit blocks, as every thread would
+// otherwise stream all the weights once per step for a few rows.
 template <typename F>
 void over_rows_or_blocks(int64_t B, const F& steps) {
   const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
@@ -444,19 +452,19 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
         const float* h_prev = s ? hs + (s - 1) * B * U : h0;
         const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
         auto blocks = [&](int64_t j0, int64_t j1) {
-          std::vector<float> buf(rows * N);
+          float* buf = thread_buffer(rows * N);
           for (int64_t j = j0; j < j1; ++j) {
             if (project)
               at::native::cpublas::brgemm(rows, N, I, I, N, N, false, xs + (s * B + b0) * I,
-                                          wp + j * I * N, buf.data());
+                                          wp + j * I * N, buf);
             at::native::cpublas::brgemm(rows, N, U, U, N, N, project, h_prev + b0 * U,
-                                        rp + j * U * N, buf.data());
+                                        rp + j * U * N, buf);
             const int64_t u0 = j * ub;
             for (int64_t b = b0; b < b1; ++b) {
               const int64_t row = s * B + b;
               // pre-activation of gate g = x[g * x_gate] + r[g * r_gate] (+ bR[g * U])
               FwdSeg<float> seg{project ? bs + u0 : gx + row * GU + u0, U,
-                                buf.data() + (b - b0) * N, ub, project ? nullptr : bs + u0, U,
+                                buf + (b - b0) * N, ub, project ? nullptr : bs + u0, U,
                                 lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
                                 lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
                                 acts ? acts + row * AW + u0 : nullptr};
@@ -522,7 +530,7 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
         const float* h_prev = s ? hs + (s - 1) * B * U : h0;
         const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
         auto blocks = [&](int64_t j0, int64_t j1) {
-          std::vector<float> dh(rows * ub);
+          float* dh = thread_buffer(rows * ub);
           for (int64_t j = j0; j < j1; ++j) {
             const int64_t u0 = j * ub;
             // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
@@ -530,11 +538,11 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
             // dh that steps past a row's length pass through).
             if (s == cfg.T - 1) {
               for (int64_t b = b0; b < b1; ++b)
-                copy_row(dh.data() + (b - b0) * ub, dh_n + b * U + u0, ub);
+                copy_row(dh + (b - b0) * ub, dh_n + b * U + u0, ub);
             } else {
               at::native::cpublas::brgemm(rows, ub, GU, GU, ub, ub, false,
                                           dgh + ((s + 1) * B + b0) * GU, rb + j * GU * ub,
-                                          dh.data());
+                                          dh);
               if (!lstm || lens)
                 for (int64_t b = b0; b < b1; ++b)
                   for (int64_t u = 0; u < ub; ++u)
@@ -542,7 +550,7 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
             }
             for (int64_t b = b0; b < b1; ++b) {
               const int64_t row = s * B + b;
-              float* dhb = dh.data() + (b - b0) * ub;
+              float* dhb = dh + (b - b0) * ub;
               for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
               BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
                                 lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
