@@ -75,6 +75,15 @@ def _extension():
     sources += sorted(glob.glob(os.path.join("csrc", "common", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     cxx = ["-O0", "-g"] if debug else ["-O3"]
+    link = ["-fopenmp"]
+    sanitize = _env_flag("TFGRADS_SANITIZE")
+    if sanitize:
+        # AddressSanitizer + UndefinedBehaviorSanitizer (`make sanitize`): any out-of-bounds
+        # access, use of freed memory or undefined behaviour in our kernels aborts the test run.
+        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                 "-fno-omit-frame-pointer", "-g"]
+        cxx += flags
+        link += flags
     nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3"]  # no fast-math: TF parity
     cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
     # GCC turns the loops that zero a kernel's accumulator arrays into memset calls, which
@@ -106,7 +115,8 @@ def _extension():
         nvcc += ["--expt-relaxed-constexpr"]
 
     print(f"torch_tfgrads: CUDA kernels {'ON' if use_cuda else 'OFF'} ({why}); "
-          f"CPU SIMD {simd}; {'debug' if debug else 'release'} build; {len(sources)} sources")
+          f"CPU SIMD {simd}; {'debug' if debug else 'release'} build"
+          f"{'; ASan+UBSan' if sanitize else ''}; {len(sources)} sources")
     with open(os.path.join(ROOT, PKG, "_build_info.py"), "w") as f:
         f.write("# Written by setup.py at build time.\n")
         f.write(f"CPU_SIMD = {simd!r}\nWITH_CUDA = {use_cuda!r}\n")
@@ -120,7 +130,7 @@ def _extension():
         include_dirs=[os.path.join(ROOT, "csrc")],
         define_macros=define_macros,
         extra_compile_args=extra,
-        extra_link_args=["-fopenmp"],
+        extra_link_args=link,
         py_limited_api=True,
     )
     if use_cuda:
