@@ -13,7 +13,7 @@ CUDA_BUILD := build/cuda-check
 SAN_BUILD := build/sanitize
 export MAX_JOBS ?= 2
 
-.PHONY: demo test build deps venv bench cuda-check sanitize clean
+.PHONY: demo test build deps venv bench cuda-check sanitize sanitize-build clean
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,17 +57,22 @@ cuda-check:
 # with TFGRADS_SANITIZE=1 runs the whole test suite (bad inputs included) with the sanitizer
 # runtimes preloaded into the venv's python; any finding aborts the run. (The in-tree build is
 # left alone.)
-sanitize: build
+sanitize: sanitize-build
+	cd $(SAN_BUILD) && rm -f sanitizer.log.* && \
+	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(abspath $(SAN_BUILD))/sanitizer.log \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(abspath $(SAN_BUILD))/sanitizer.log \
+	  LD_PRELOAD="$$($${CXX:-c++} -print-file-name=libasan.so):$$($${CXX:-c++} -print-file-name=libubsan.so)" \
+	  sh -c '$(abspath $(VPY)) -c "import torch_tfgrads._C as c, sys; print(c.__file__); \
+	    sys.exit(0 if \"$(SAN_BUILD)\" in c.__file__ else \"sanitize: not the sanitized build\")" \
+	    && $(abspath $(VPY)) -m pytest -q -p no:cacheprovider tests' \
+	  || { echo "sanitize: FAILED; sanitizer reports (pytest's capture hides them):"; \
+	       cat sanitizer.log.* 2>/dev/null; exit 1; }
+
+sanitize-build: build
 	rm -rf $(SAN_BUILD) && mkdir -p $(SAN_BUILD)
 	cp -r setup.py pyproject.toml README.md csrc torch_tfgrads tests $(SAN_BUILD)/
 	rm -f $(SAN_BUILD)/torch_tfgrads/*.so $(SAN_BUILD)/torch_tfgrads/_build_info.py
 	cd $(SAN_BUILD) && TFGRADS_SANITIZE=1 USE_CUDA=0 $(abspath $(VPY)) setup.py -q build_ext --inplace
-	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  LD_PRELOAD="$$($${CXX:-c++} -print-file-name=libasan.so):$$($${CXX:-c++} -print-file-name=libubsan.so)" \
-	  sh -c '$(abspath $(VPY)) -c "import torch_tfgrads._C as c, sys; print(c.__file__); \
-	    sys.exit(0 if \"$(SAN_BUILD)\" in c.__file__ else \"sanitize: not the sanitized build\")" \
-	    && $(abspath $(VPY)) -m pytest -q -p no:cacheprovider tests'
 
 clean:
 	rm -rf build torch_tfgrads/*.so torch_tfgrads/_build_info.py *.egg-info
