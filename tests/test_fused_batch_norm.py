@@ -60,12 +60,31 @@ def test_forward_and_grad_match_reference(device, dtype, fmt, shape, training, f
     assert rs4.shape == (0,) and rs5.shape == (0,)
 
 
-@pytest.mark.parametrize("C", [1, 3, 8, 17, 64, 300])
-def test_channel_counts_and_chunking(C):
-    # Many rows (several chunks per thread) and C not a multiple of the vector width.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("C", [1, 3, 8, 17, 24, 40, 64, 300])
+def test_channel_counts_and_chunking(C, dtype):
+    # Many rows (several chunks and L1 tiles per thread) and C not a multiple of the vector
+    # width. The channels-last kernels sweep blocks of up to 4 (3 for the gradient) channel
+    # vectors: these C leave every narrower last block (1, 2, 3 vectors) and a scalar tail.
     for fmt, shape in (("NHWC", (4, 37, 29, C)), ("NCHW", (4, C, 37, 29))):
-        x, scale, offset, mean, var = make_inputs(shape, fmt)
-        check_forward(x, scale, offset, mean, var, 1e-4, 1.0, fmt, True)
+        x, scale, offset, mean, var = make_inputs(shape, fmt, dtype)
+        for training in (True, False):
+            out = check_forward(x, scale, offset, mean, var, 1e-4, 1.0, fmt, training)
+            dy = torch.randn(shape, generator=torch.Generator().manual_seed(C)).to(dtype)
+            rs1, rs2 = (out[3], out[4]) if training else (mean, var)
+            got = T.fused_batch_norm_grad_v3(dy, x, scale, rs1, rs2, out[5], 1e-4, fmt, training)
+            exp = ref.fused_batch_norm_grad_v3(dy, x, scale, rs1, rs2, 1e-4, fmt, training)
+            tol = max(TOL[dtype], 1e-5)
+            assert rel_err(got[0], exp[0]) <= tol, (fmt, training)
+            # The channel sums cancel (C = 1: one sum of 4292 terms of either sign): their
+            # error is bounded relative to the sum of the terms' magnitudes.
+            cdim = 1 if fmt == "NCHW" else 3
+            dims = [d for d in range(4) if d != cdim]
+            view = [-1 if d == cdim else 1 for d in range(4)]
+            xhat = (x.double() - rs1.double().view(view)) * (rs2.double().view(view) + 1e-4).rsqrt()
+            mag = (dy.double().abs() * (1 + xhat.abs())).sum(dims)
+            for o, e in zip(got[1:3], exp[1:]):
+                assert ((o.double() - e).abs() <= tol * mag).all(), (fmt, training)
 
 
 def test_large_mean_no_cancellation():
