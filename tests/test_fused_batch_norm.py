@@ -64,8 +64,9 @@ def test_forward_and_grad_match_reference(device, dtype, fmt, shape, training, f
 @pytest.mark.parametrize("C", [1, 3, 8, 17, 24, 40, 64, 300])
 def test_channel_counts_and_chunking(C, dtype):
     # Many rows (several chunks and L1 tiles per thread) and C not a multiple of the vector
-    # width. The channels-last kernels sweep blocks of up to 4 (3 for the gradient) channel
-    # vectors: these C leave every narrower last block (1, 2, 3 vectors) and a scalar tail.
+    # width. The channels-last sums sweep blocks of up to 4 channel vectors (the gradient's only
+    # up to 64 channels, row by row above): these C leave every narrower last block (1, 2, 3
+    # vectors), a scalar tail, and C = 300 takes the gradient's row-by-row sums.
     for fmt, shape in (("NHWC", (4, 37, 29, C)), ("NCHW", (4, C, 37, 29))):
         x, scale, offset, mean, var = make_inputs(shape, fmt, dtype)
         for training in (True, False):
