@@ -293,6 +293,25 @@ def test_module_nchw_half_and_no_affine():
         T.nn.FusedBatchNorm(3, data_format="HWCN")
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (6, 64, 64, 96)), ("NCHW", (6, 96, 64, 64))])
+def test_large_float_forward_streams_same_values(fmt, shape, training):
+    """A float32 y beyond 8 MiB is written with non-temporal stores; it must agree with the
+    float64 computation like any other, in training and in inference."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=g) * 2 + 1
+    c = shape[-1] if fmt == "NHWC" else shape[1]
+    scale, offset = torch.rand(c, generator=g) + 0.5, torch.randn(c, generator=g)
+    mean, var = torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.5
+    args = (1e-3, 1.0, fmt, training)
+    out = T.fused_batch_norm_v3(x, scale, offset, mean, var, *args)
+    ref64 = T.fused_batch_norm_v3(x.double(), scale.double(), offset.double(), mean.double(),
+                                  var.double(), *args)
+    assert out[0].numel() * 4 > 8 << 20
+    for a, b in zip(out[:3], ref64[:3]):
+        assert rel_err(a.double(), b) < 1e-5
+
+
 @pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 64, 64, 96)), ("NCHW", (4, 96, 64, 64))])
 def test_large_float_grad_streams_same_values(fmt, shape):
     """A float32 training gradient beyond 4 MiB is written with non-temporal stores; it must

@@ -51,7 +51,10 @@ inline void stream_fence() {}
 #endif
 
 // Whether an output of this many bytes is worth non-temporal stores: beyond the two cores'
-// L2 caches, where a consumer could not find it in cache anyway (measured per kernel).
-inline bool worth_streaming(int64_t bytes) { return kCanStream && bytes > (int64_t{4} << 20); }
+// L2 caches, where a consumer could not find it in cache anyway (measured per kernel; a
+// kernel whose only other stream is its input passes a larger threshold, see its caller).
+inline bool worth_streaming(int64_t bytes, int64_t above = int64_t{4} << 20) {
+  return kCanStream && bytes > above;
+}
 
 }  // namespace torch_tfgrads
