@@ -75,7 +75,7 @@ def gemm_flops(mode, shape, D):
 
 def main():
     import torch_tfgrads as T
-    common.setup_threads()
+    common.setup_process()
     tf = common.import_tf()
     print(f"CudnnRNN forward+backward, float32, 1 layer, {common.THREADS} threads, torch "
           f"{torch.__version__}, TF {tf.__version__ if tf else 'absent'} (Keras in a "

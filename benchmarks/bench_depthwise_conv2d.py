@@ -78,7 +78,7 @@ def peer_fns(shape, T=None, tf=None):
 def main():
     if "--tf-only" in sys.argv:  # child process: TF timings only (env chooses the TF path)
         import json
-        common.setup_threads()
+        common.setup_process()
         tf = common.import_tf()
         out = {}
         for shape in SHAPES:
@@ -87,7 +87,7 @@ def main():
         print(json.dumps(out))
         return
     import torch_tfgrads as T
-    common.setup_threads()
+    common.setup_process()
     tf = common.import_tf()
     eigen = {}
     if tf is not None:

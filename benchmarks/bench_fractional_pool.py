@@ -53,7 +53,7 @@ def torch_max_fns(x, out_hw):
 
 def main():
     import torch_tfgrads as T
-    common.setup_threads()
+    common.setup_process()
     tf = common.import_tf()
     print(f"FractionalPool, float32 NHWC, {common.THREADS} threads, torch {torch.__version__}, "
           f"TF {tf.__version__ if tf else 'absent'}; ms (median of interleaved rounds)")

@@ -38,13 +38,13 @@ def tf_times(tf, shape):
 def main():
     if "--tf-only" in sys.argv:  # child process: TF timings only (env chooses the TF path)
         import json
-        common.setup_threads()
+        common.setup_process()
         tf = common.import_tf()
         print(json.dumps({str(s): tf_times(tf, s) for s in SHAPES}))
         return
 
     import torch_tfgrads as T
-    common.setup_threads()
+    common.setup_process()
     tf = common.import_tf()
     eigen = {}
     if tf is not None:
