@@ -7,6 +7,7 @@ the fastest peer, and our effective bandwidth
 (minimal traffic: forward reads x and writes y, grad reads x and dy and writes dx) against a
 measured copy of the same size.
 """
+import math
 import os
 import sys
 
@@ -81,9 +82,7 @@ def main():
     for shape in SHAPES:
         t = common.interleaved_ms(peer_fns(shape, T=T, tf=tf))
         tfe = eigen.get(str(shape), [nan] * len(OPS))
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = math.prod(shape)
         bw = common.copy_bandwidth_gbs(numel)
         for i, (op, traffic) in enumerate(zip(OPS, (2, 3))):
             ours, pt, tfd = t[("ours", op)], t[("torch", op)], t.get(("tf", op), nan)

@@ -518,6 +518,26 @@ void for_each_span(const ChannelLayout& l, Rows&& rows, Plane&& plane, bool fenc
   }
 }
 
+// Whether an elementwise pass may write `out` (the layout's whole float tensor of `numel`
+// elements) with non-temporal stores: every span (a channels-last row or a channels-first
+// plane) whole aligned vectors, and more than `above` bytes (see worth_streaming).
+template <typename scalar_t>
+bool can_stream(const ChannelLayout& l, const scalar_t* out, int64_t numel, int64_t above) {
+  const int64_t span = l.channels_last ? l.C : l.inner;
+  return std::is_same_v<scalar_t, float> && span % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(out) % 32 == 0 &&
+         worth_streaming(numel * static_cast<int64_t>(sizeof(scalar_t)), above);
+}
+
+// pass(std::true_type{}) when stream, else pass(std::false_type{}): both store kinds compiled.
+template <typename Pass>
+void with_stream(bool stream, Pass&& pass) {
+  if (stream)
+    pass(std::true_type{});
+  else
+    pass(std::false_type{});
+}
+
 template <typename scalar_t>
 void forward_kernel(bn::Forward& f, const at::Tensor& scale, const at::Tensor& offset,
                     const at::Tensor& mean, const at::Tensor& variance, double epsilon,
@@ -580,22 +600,14 @@ void forward_kernel(bn::Forward& f, const at::Tensor& scale, const at::Tensor& o
   // 16x112x112x32 0.71-1.0x; at 6.4 MB x and y both fit in the L3 and streaming y to memory
   // took 1.2-1.5x the time, hence the 8 MiB threshold (twice the gradient's, whose dx shares
   // the caches with two inputs).
-  const int64_t span = f.layout.channels_last ? C : S;
-  const bool stream = std::is_same_v<scalar_t, float> && span % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(y) % 32 == 0 &&
-                      worth_streaming(f.y_phys.numel() * 4, int64_t{8} << 20);
-  auto pass = [&](auto streamed) {
+  with_stream(can_stream(f.layout, y, f.y_phys.numel(), int64_t{8} << 20), [&](auto streamed) {
     constexpr bool kStream = decltype(streamed)::value;
     for_each_span(f.layout, [&](int64_t r0, int64_t r1) {
       rows_affine<scalar_t, acc_t, kStream>(y, x, r0, r1, C, m.data(), k.data(), o.data());
     }, [&](int64_t p, int64_t c) {
       plane_affine<scalar_t, acc_t, kStream>(y + p * S, x + p * S, S, m[c], k[c], o[c]);
     }, kStream);
-  };
-  if (stream)
-    pass(std::true_type{});
-  else
-    pass(std::false_type{});
+  });
 }
 
 template <typename scalar_t>
@@ -635,12 +647,9 @@ void backward_kernel(bn::Backward& b, const at::Tensor& scale, const at::Tensor&
     // A dx beyond the caches is written with non-temporal stores: no read-for-ownership of
     // its lines, and x and dy are not evicted. (Walking this second pass backwards, to start
     // on the x and dy the sums pass read last, measured no gain: the L3 does not keep them.)
-    const int64_t span = b.layout.channels_last ? C : b.layout.inner;
-    const bool stream = std::is_same_v<scalar_t, float> && span % 8 == 0 &&
-                        reinterpret_cast<uintptr_t>(dx) % 32 == 0 &&
-                        worth_streaming(b.dx_phys.numel() * 4);
     const int64_t S = b.layout.inner;
-    auto pass = [&](auto streamed) {
+    const bool stream = can_stream(b.layout, dx, b.dx_phys.numel(), int64_t{4} << 20);
+    with_stream(stream, [&](auto streamed) {
       constexpr bool kStream = decltype(streamed)::value;
       for_each_span(b.layout, [&](int64_t r0, int64_t r1) {
         rows_grad_input<scalar_t, acc_t, kStream>(dx, dy, x, r0, r1, C, A.data(), mdy.data(),
@@ -649,11 +658,7 @@ void backward_kernel(bn::Backward& b, const at::Tensor& scale, const at::Tensor&
         plane_grad_input<scalar_t, acc_t, kStream>(dx + p * S, dy + p * S, x + p * S, S, A[c],
                                                    mdy[c], m[c], B[c]);
       }, kStream);
-    };
-    if (stream)
-      pass(std::true_type{});
-    else
-      pass(std::false_type{});
+    });
   } else {
     const int64_t S = b.layout.inner;
     for_each_span(b.layout, [&](int64_t r0, int64_t r1) {
