@@ -836,12 +836,26 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
       1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
   const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
   std::vector<A> part(static_cast<size_t>(chunks * F), A(0));
-  const scalar_t* x_end = x + g.N * g.H * g.W * C;
+  // Source rows [first_new[i], last_src[i]] are those output row i reads that row i - 1 does
+  // not (all of them for i = 0): the rows to prefetch one output row ahead. Prefetching all of
+  // the next row's tap rows instead, most of them already in cache, made the prefetches a third
+  // of the driver's samples; measured against it, this takes 0.86-0.98x the time at 12 of 13
+  // shapes (1.04 at 56x56x128 stride 2).
+  std::vector<int64_t> first_new(g.Ho, 0), last_src(g.Ho, -1);
+  for (int64_t i = 0; i < g.Ho; ++i) {
+    for (int64_t a = rows.offset[i]; a < rows.offset[i + 1]; ++a)
+      last_src[i] = std::max(last_src[i], rows.src[a]);
+    if (i > 0) last_src[i] = std::max(last_src[i], last_src[i - 1]);
+    first_new[i] = i > 0 ? last_src[i - 1] + 1 : g.H;
+  }
+  for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)
+    first_new[0] = std::min(first_new[0], rows.src[a]);
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t ch = cb; ch < ce; ++ch) {
       A* pc = part.data() + ch * F;
       for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr) {
         const int64_t n = nr / g.Ho, i = nr % g.Ho;
+        const int64_t n1 = (nr + 1) / g.Ho, i1 = (nr + 1) % g.Ho;  // the next output row
         const scalar_t* dyrow = dy + nr * g.Wo * C;
         for (int64_t a0 = rows.offset[i]; a0 < rows.offset[i + 1]; a0 += 64) {
           TapRows<scalar_t> tr;  // (more than 64 tap rows: in groups of 64)
@@ -863,20 +877,18 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                   for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
                 const int64_t rest = len - t0;
                 tl = !fits ? len : rest >= 8 ? 8 : rest >= 4 ? 4 : rest;
-                if (fits && t0 + tl < len) {  // the next tile of this row, into L1
+                if (fits && nc > 0 && t0 + tl < len) {  // the next tile of this row, into L1
                   const int64_t nl = std::min<int64_t>(8, len - t0 - tl);
                   prefetch_pixels(dyrow + (q + t0 + tl) * C, nl, C, c0, c1, 3);
                   for (int64_t a = 0; a < tr.n; ++a)
                     prefetch_pixels(tr.x[a] + (cs[0] + tl * g.sW) * C, nl * g.sW + nc, C, c0,
                                     c1, 3);
                 }
-                if (nr + 1 < R && fits) {  // the next output row (from memory), into L2
+                if (nr + 1 < R && fits && nc > 0) {  // the next output row's new rows, into L2
                   prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
-                  for (int64_t a = 0; a < tr.n; ++a) {
-                    const scalar_t* nx = tr.x[a] + g.sH * g.W * C + cs[0] * C;
-                    if (nx + (tl * g.sW + nc) * C <= x_end)
-                      prefetch_pixels(nx, tl * g.sW + nc, C, c0, c1, 1);
-                  }
+                  for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
+                    prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
+                                    std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
                 }
                 filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0,
                                     tl, g.sW, C, c0, c1);
