@@ -400,6 +400,30 @@ bool try_slide(const Correlation<scalar_t>& p, const scalar_t* simg, const int64
 #undef TFGRADS_SLIDE
 }
 
+// last[r]: the furthest source row that destination rows 0..r read (-1 before any): the rows
+// r + 1 adds are (last[r], last[r + 1]], those to prefetch one row of work ahead.
+std::vector<int64_t> furthest_sources(const AxisTaps& rows, int64_t dst) {
+  std::vector<int64_t> last(dst, -1);
+  for (int64_t r = 0; r < dst; ++r) {
+    for (int64_t a = rows.offset[r]; a < rows.offset[r + 1]; ++a)
+      last[r] = std::max(last[r], rows.src[a]);
+    if (r > 0) last[r] = std::max(last[r], last[r - 1]);
+  }
+  return last;
+}
+
+// Whether a correlation's output goes beyond the caches (worth non-temporal stores), and whether
+// it can be streamed straight from registers: float pixels of whole 64-byte lines.
+template <typename scalar_t>
+bool large_output(const Correlation<scalar_t>& p) {
+  return worth_streaming(p.N * p.Hd * p.Wd * p.C * static_cast<int64_t>(sizeof(scalar_t)));
+}
+template <typename scalar_t>
+bool streams_whole_lines(const Correlation<scalar_t>& p) {
+  return large_output(p) && std::is_same_v<scalar_t, float> && p.C % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.dst) % 64 == 0;
+}
+
 // ---- few taps per destination pixel -----------------------------------------------------------
 // The input gradient of a strided layer gives each dx pixel few taps (3x3 stride 2: 4, 2, 2 or
 // 1; 2.25 on average), too few for the sliding-window tiles, whose setup per tile then costs
@@ -470,10 +494,7 @@ void correlate_by_pixel(const Correlation<scalar_t>& p) {
   // A large output is written with non-temporal stores: straight from the registers when
   // every pixel is whole 64-byte lines (float, C % 16 == 0; the phases write pixels out of
   // order), else through a staging row streamed out while the next row is computed.
-  const bool large =
-      worth_streaming(p.N * p.Hd * row_elems * static_cast<int64_t>(sizeof(scalar_t)));
-  const bool stream = large && std::is_same_v<scalar_t, float> && C % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.dst) % 64 == 0;
+  const bool large = large_output(p), stream = streams_whole_lines(p);
   const bool staged = large && !stream;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_elems));
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
@@ -531,11 +552,7 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   }
   const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
   const AxisTaps& rows = *p.rows;
-  std::vector<int64_t> last_src(p.Hd, -1);  // the furthest source row of each destination row
-  for (int64_t r = 0; r < p.Hd; ++r)
-    for (int64_t a = rows.offset[r]; a < rows.offset[r + 1]; ++a)
-      last_src[r] = std::max(last_src[r], rows.src[a]);
-  for (int64_t r = 1; r < p.Hd; ++r) last_src[r] = std::max(last_src[r], last_src[r - 1]);
+  const std::vector<int64_t> last_src = furthest_sources(rows, p.Hd);
   const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
                        std::max<int64_t>(1, p.cols->k.size() / std::max<int64_t>(1, p.Wd));
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.Wd * p.C * taps));
@@ -550,11 +567,9 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // stream straight from registers (p.stream; edge pixels store normally). (Streaming
   // one-vector tiles directly, half lines at a time, made the 56x56x64 forward 2.5x slower.)
   const int64_t row_elems = p.Wd * p.C;
-  const bool large =
-      worth_streaming(p.N * p.Hd * row_elems * static_cast<int64_t>(sizeof(scalar_t)));
+  const bool large = large_output(p);
   Correlation<scalar_t> pd = p;
-  pd.stream = large && narrow_tiles && std::is_same_v<scalar_t, float> &&
-              p.C % 16 == 0 && reinterpret_cast<uintptr_t>(p.dst) % 64 == 0;
+  pd.stream = narrow_tiles && streams_whole_lines(p);
   const bool streaming = large && !pd.stream;  // through the row buffer
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
@@ -841,13 +856,9 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   // the next row's tap rows instead, most of them already in cache, made the prefetches a third
   // of the driver's samples; measured against it, this takes 0.86-0.98x the time at 12 of 13
   // shapes (1.04 at 56x56x128 stride 2).
-  std::vector<int64_t> first_new(g.Ho, 0), last_src(g.Ho, -1);
-  for (int64_t i = 0; i < g.Ho; ++i) {
-    for (int64_t a = rows.offset[i]; a < rows.offset[i + 1]; ++a)
-      last_src[i] = std::max(last_src[i], rows.src[a]);
-    if (i > 0) last_src[i] = std::max(last_src[i], last_src[i - 1]);
-    first_new[i] = i > 0 ? last_src[i - 1] + 1 : g.H;
-  }
+  const std::vector<int64_t> last_src = furthest_sources(rows, g.Ho);
+  std::vector<int64_t> first_new(g.Ho, g.H);
+  for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
   for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)
     first_new[0] = std::min(first_new[0], rows.src[a]);
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
