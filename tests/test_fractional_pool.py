@@ -2,6 +2,8 @@
 TF's generator and kernels (tests/tf_fractional_reference.py) bit for bit, TF's documented
 examples and tie rules, strides, dtypes, seeds, autograd (gradcheck/gradgradcheck), opcheck,
 modules and the CUDA kernels where a GPU is present."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -310,7 +312,7 @@ def test_device_matches_cpu_bit_for_bit(device, dtype):
 
 
 @pytest.mark.parametrize("overlapping", [False, True])
-@pytest.mark.parametrize("C", [8, 16, 40])
+@pytest.mark.parametrize("C", [8, 16, 40, 48])
 def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C):
     """The vectorised max gradient (channel blocks) against the per-channel scalar path (C=1,
     checked against TF above) on data full of ties, NaN and infinities."""
@@ -348,13 +350,14 @@ def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C)
 @pytest.mark.parametrize("overlapping", [False, True])
 @pytest.mark.parametrize("ratio", [(1.0, 1.0), (1.2, 1.44), (1.73, 1.3), (1.99, 1.99), (2.5, 1.5),
                                    (1.44, 3.1), (4.2, 2.0)], ids=str)
-def test_max_grad_every_cell_shape_against_reference(ratio, overlapping):
+@pytest.mark.parametrize("C", [24, 32])  # 32: the AVX-512 gradient where the CPU has it
+def test_max_grad_every_cell_shape_against_reference(ratio, overlapping, C):
     """Cells up to 3x3 run straight-line code per cell-row height and widest cell (narrower
     cells repeat their last column), in the max forward and gradient; larger ones the loops.
     Every combination against TF's reference pooling and scatter, with ties so that the
     first-maximum rule matters."""
     g = torch.Generator().manual_seed(int(ratio[0] * 100 + ratio[1] * 10 + overlapping))
-    x = torch.randint(-2, 3, (2, 23, 19, 24), generator=g).float()
+    x = torch.randint(-2, 3, (2, 23, 19, C), generator=g).float()
     for pseudo in (False, True):
         out, rows, cols = T.fractional_max_pool(x, [1, *ratio, 1], pseudo, overlapping, True, 3, 4)
         assert np.array_equal(out.numpy(), R.fractional_pool_ref(
@@ -388,12 +391,13 @@ def _select_at_argmax(x, gin, rows, cols, overlapping):
 
 
 @pytest.mark.parametrize("overlapping", [False, True])
-def test_max_grad_large_float_input_streams_same_values(overlapping):
+@pytest.mark.parametrize("C", [40, 32])  # 32: the AVX-512 gradient where the CPU has it
+def test_max_grad_large_float_input_streams_same_values(overlapping, C):
     """A float32 gradient beyond 4 MiB is written with non-temporal stores; it must equal the
     float64 computation on the same values (integer-valued dy: the sums on shared boundaries
     of overlapping cells are exact) and the reference scatter."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(-50, 50, (4, 96, 96, 40), generator=g).float()
+    x = torch.randint(-50, 50, (4, 96, 96, C), generator=g).float()
     out, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.73, 1], False, overlapping, True, 1, 2)
     dy = torch.randint(1, 9, out.shape, generator=g).float()
     dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
@@ -451,3 +455,77 @@ def test_grads_with_rows_and_columns_no_cell_covers(overlapping, C):
                                                                      overlapping))
     for grad in (avg, mx):
         assert not grad[:, 0].any() and not grad[:, :, :2].any()
+
+
+_AVX2_CHILD = """
+import sys, torch, torch_tfgrads as T
+assert torch.backends.cpu.get_cpu_capability() == "AVX2", torch.backends.cpu.get_cpu_capability()
+out = []
+for x, y, dy, rows, cols, ov in torch.load(sys.argv[1]):
+    try:
+        out.append(T.fractional_max_pool_grad(x, y, dy, rows, cols, ov))
+    except RuntimeError as e:
+        out.append(str(e))
+torch.save(out, sys.argv[2])
+"""
+
+
+def _max_grad_cases():
+    """Float inputs whose channel counts take the AVX-512 max gradient (multiples of 16; 48
+    and 80 make channel blocks of 3 and 4 + 1 vectors), every cell-shape path (straight-line
+    2x2 to 3x3, runtime sizes for 4.2), ties, NaN and -inf (not first in a cell), inf, -0 dy,
+    a dx beyond 4 MiB (non-temporal stores), and orig_outputs off by one lane (errors)."""
+    g = torch.Generator().manual_seed(2024)
+    cases = []
+    for shape, ratio in [((2, 23, 19, 16), (1.44, 1.73)), ((2, 17, 29, 32), (1.2, 2.6)),
+                         ((1, 31, 37, 48), (2.5, 1.5)), ((1, 13, 11, 80), (1.73, 1.3)),
+                         ((1, 40, 44, 16), (4.2, 2.0)), ((4, 96, 96, 32), (1.44, 1.73))]:
+        for ov in (False, True):
+            x = torch.randint(-3, 4, shape, generator=g).float()
+            y, rows, cols = T.fractional_max_pool(x, [1, *ratio, 1], False, ov, True, 5, 6)
+            starts = torch.zeros(shape[1], shape[2], dtype=torch.bool)
+            starts[rows[:-1].view(-1, 1), cols[:-1].view(1, -1)] = True
+            special = torch.rand(shape, generator=g)
+            free = ~starts.view(1, shape[1], shape[2], 1)
+            x[(special < 0.05) & free] = float("nan")
+            x[(special >= 0.05) & (special < 0.1) & free] = float("-inf")  # (all--inf cells
+            # have the forward's lowest() as maximum: an orig_output mismatch in TF's grad)
+            x[(special >= 0.1) & (special < 0.12)] = float("inf")
+            y = T.fractional_max_pool(x, [1, *ratio, 1], False, ov, True, 5, 6)[0]
+            dy = torch.randn(y.shape, generator=g)
+            dy[torch.rand(y.shape, generator=g) < 0.1] = -0.0
+            cases.append((x, y, dy, rows, cols, ov))
+            bad = y.clone()
+            v = bad.view(-1)[17]  # channel 1 or 17 of the first cells: a lower "maximum"
+            bad.view(-1)[17] = v - 1 if torch.isfinite(v) else 0.5
+            cases.append((x, bad, dy, rows, cols, ov))
+    return cases
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                    reason="the AVX-512 max gradient runs only where ATen runs at AVX512")
+def test_max_grad_avx512_kernel_equals_avx2_kernel_bit_for_bit(tmp_path):
+    """The float max gradient has an AVX-512 kernel (another argmax search, 16 lanes) chosen
+    at run time; ATEN_CPU_CAPABILITY=avx2 selects the AVX2 kernel, which the tests above check
+    against TF's reference. Both must give the same bits and the same errors."""
+    import subprocess
+    import sys
+    cases = _max_grad_cases()
+    torch.save(cases, tmp_path / "cases.pt")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    subprocess.run([sys.executable, "-c", _AVX2_CHILD, str(tmp_path / "cases.pt"),
+                    str(tmp_path / "avx2.pt")], env=env, check=True)
+    avx2 = torch.load(tmp_path / "avx2.pt")
+    errors = 0
+    for (x, y, dy, rows, cols, ov), theirs in zip(cases, avx2):
+        try:
+            ours = T.fractional_max_pool_grad(x, y, dy, rows, cols, ov)
+        except RuntimeError as e:
+            assert str(e) == theirs
+            assert "tensor_out_dup is not the same as tensor_out" in str(e)
+            errors += 1
+            continue
+        assert not isinstance(theirs, str), theirs
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+        assert (ours != 0).any()
+    assert errors == len(cases) // 2  # every perturbed orig_output, and only those

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/fractional_pool.h"
+#include "cpu/fractional_max_grad_avx512.h"
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {
@@ -695,12 +696,21 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
   if (!g.rows.covers_all() || !g.cols.covers_all()) dx.zero_();
+  // Float channels in whole 16-lane vectors: the AVX-512 kernel where the CPU has it.
+  std::unique_ptr<fracpool::MaxGradAvx512> wide;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (C % 16 == 0 && !pass.scalar_only && fracpool::MaxGradAvx512::enabled())
+      wide = std::make_unique<fracpool::MaxGradAvx512>(
+          pass.x, pass.sN, pass.sH, pass.sW, pass.y, pass.dy, pass.dx, g, overlapping,
+          pass.stream && reinterpret_cast<uintptr_t>(pass.dx) % 64 == 0);
+  }
   std::atomic<bool> same{true};
   const int64_t cell_row = (g.H / OH + 1) * g.W * C;
   if (!overlapping) {  // cells are disjoint: any cell row is its own task
     at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        if (!pass.disjoint_row(t / OH, t % OH)) same = false;
+        if (!(wide ? wide->disjoint_row(t / OH, t % OH) : pass.disjoint_row(t / OH, t % OH)))
+          same = false;
       if (pass.stream) stream_fence();
     });
   } else {  // boundaries are shared between cell rows: one task per image and channel block
@@ -709,7 +719,9 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
-        if (!pass.overlapping_block(t / blocks, d0, d1)) same = false;
+        if (!(wide ? wide->overlapping_block(t / blocks, d0, d1)
+                   : pass.overlapping_block(t / blocks, d0, d1)))
+          same = false;
       }
       if (pass.stream) stream_fence();
     });

@@ -1,0 +1,60 @@
+// FractionalMaxPoolGrad's float kernel in 16-lane AVX-512 registers, for CPUs that have
+// AVX-512 and channel counts that are a multiple of 16. The rest of the extension is built for
+// AVX2; this kernel alone is compiled for AVX-512 (function-level target) and chosen at run
+// time: its cell sweeps are compute-bound chains of compare-and-select, which AVX-512's mask
+// registers do in one instruction each (AVX2: a compare, then a blend) on twice the lanes.
+//
+// The argmax is found differently from MaxGradPass (fractional_pool.cpp), with the same
+// result: TF's recomputed maximum is a VMAXPS chain that is checked against orig_output, and
+// where they are equal TF's argmax (the first maximum in scan order) is the first element
+// equal to orig_output, which a reverse sweep finds without a compare-select chain. Each dx
+// element adds its dy contributions in TF's cell order starting from 0, so dx is bit-identical
+// to MaxGradPass's (tests/test_fractional_pool.py runs both and compares the bits).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/fractional_pool.h"
+
+namespace torch_tfgrads {
+namespace fracpool {
+
+struct MaxGradAvx512 {
+  // Whether the kernel may run: the CPU has AVX-512 F/BW/VL/DQ and ATen's own kernels run
+  // at AVX512 (so ATEN_CPU_CAPABILITY=avx2 switches this kernel off too).
+  static bool enabled();
+
+  // x: orig_input with channels contiguous (strides sN, sH, sW); y, dy: orig_output and
+  // out_backprop, contiguous NHWC; dx: the contiguous NHWC result. plan.C % 16 == 0.
+  // stream: non-temporal stores (dx 64-byte aligned, large).
+  MaxGradAvx512(const float* x, int64_t sN, int64_t sH, int64_t sW, const float* y,
+                const float* dy, float* dx, const GradPlan& plan, bool overlapping,
+                bool stream);
+
+  // Disjoint cells: cell row i of image b, all channels. False: an orig_output mismatch.
+  bool disjoint_row(int64_t b, int64_t i) const;
+  // Overlapping cells: image b, channels [d0, d1) (multiples of 16).
+  bool overlapping_block(int64_t b, int64_t d0, int64_t d1) const;
+
+  const float* x;
+  int64_t sN, sH, sW;
+  const float *y, *dy;
+  float* dx;
+  const GradPlan& g;
+  int64_t H, W, C, OH, OW;
+  int64_t cw_max;  // widest cell; the position of (h, w) in a cell is h * cw_max + w
+  bool stream;
+  // Overlapping cells: the input columns that one cell covers (`single`) and the ones that
+  // two cells share (`shared`: the last column of cell j and the first of cell j + 1), each
+  // with its first covering cell j and its column k in it. Columns no cell covers are not
+  // listed (the caller zeroes dx for them).
+  struct Column {
+    int64_t w, j;
+    float k;
+  };
+  std::vector<Column> single, shared;
+};
+
+}  // namespace fracpool
+}  // namespace torch_tfgrads
