@@ -50,3 +50,33 @@ def rel_err(actual, expected):
         return 0.0
     denom = e.abs().max().clamp_min(1e-30)
     return ((a - e).abs().max() / denom).item()
+
+
+AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+needs_avx512 = pytest.mark.skipif(
+    not AVX512, reason="our AVX-512 kernels run only where ATen runs at AVX512")
+
+_AVX2_CHILD = """
+import sys, torch, torch_tfgrads as T
+assert torch.backends.cpu.get_cpu_capability() == "AVX2", torch.backends.cpu.get_cpu_capability()
+out = []
+for name, args in torch.load(sys.argv[1]):
+    try:
+        out.append(getattr(T, name)(*args))
+    except RuntimeError as e:
+        out.append(str(e))
+torch.save(out, sys.argv[2])
+"""
+
+
+def results_at_avx2(calls, tmp_path):
+    """[(torch_tfgrads function name, args)] evaluated in a child process at
+    ATEN_CPU_CAPABILITY=avx2, where our AVX-512 kernels are off: the results, or the error
+    messages. (The parent runs them at AVX512 and compares.)"""
+    import subprocess
+    import sys
+    torch.save(calls, tmp_path / "calls.pt")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
+    subprocess.run([sys.executable, "-c", _AVX2_CHILD, str(tmp_path / "calls.pt"),
+                    str(tmp_path / "avx2.pt")], env=env, check=True)
+    return torch.load(tmp_path / "avx2.pt")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_tfgrads as T
-from conftest import DEVICES, rel_err
+from conftest import DEVICES, needs_avx512, rel_err, results_at_avx2
 from torch_tfgrads.parity.depthwise_conv2d import check_case, ours
 from torch_tfgrads.parity.depthwise_conv2d_cases import Case, random_cases, reference
 
@@ -342,3 +342,49 @@ def test_device_matches_reference(device, dtype):
         tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 4e-3}[dtype]
         for g, w in zip(got, want):
             assert g.device.type == device and rel_err(g, w) <= tol, (i, case.name)
+
+
+def _wide_calls():
+    """Float channels-last layers whose sliding-window tiles take 16-lane vectors (C % 16 == 0):
+    every tile width (12 for 3 taps, 10 for 5, 8, 4, and the 4-column two-vector tiles of
+    layers whose pixels alias in L1), source steps 1 and 2, 1-5 column taps, SAME / VALID /
+    EXPLICIT padding, depth multiplier 2, channel tails after 64-channel chunks (C = 80), a
+    non-contiguous input, and outputs large enough for non-temporal stores."""
+    g = torch.Generator().manual_seed(7)
+    layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
+        (2, 13, 29, 16, 3, 3, 1, "SAME", 1), (2, 11, 31, 32, 5, 5, 1, "SAME", 1),
+        (1, 9, 27, 48, 1, 5, 2, "VALID", 1), (2, 8, 19, 80, 2, 4, 1, "SAME", 1),
+        (2, 7, 14, 256, 3, 3, 1, "SAME", 1), (1, 6, 9, 512, 3, 3, 1, "VALID", 1),
+        (2, 10, 23, 16, 3, 3, 2, "EXPLICIT", 1), (2, 9, 17, 16, 3, 3, 1, "SAME", 2),
+        (8, 56, 56, 64, 3, 3, 1, "SAME", 1), (4, 64, 64, 32, 5, 5, 1, "SAME", 1),
+        (12, 14, 14, 512, 3, 3, 1, "SAME", 1)]
+    calls = []
+    for N, H, W, C, kh, kw, s, padding, M in layers:
+        x = torch.randn(N, H, W, C, generator=g)
+        if C == 80:
+            x = torch.randn(N, H, W + 3, C, generator=g)[:, :, 1:-2]  # non-contiguous
+        f = torch.randn(kh, kw, C, M, generator=g)
+        st = [1, s, s, 1]
+        pads = [0, 0, 1, 2, 2, 0, 0, 0] if padding == "EXPLICIT" else []
+        y = T.depthwise_conv2d_native(x, f, st, padding, pads)
+        dy = torch.randn(y.shape, generator=g)
+        calls += [("depthwise_conv2d_native", (x, f, st, padding, pads)),
+                  ("depthwise_conv2d_native_backprop_input", (list(x.shape), f, dy, st, padding,
+                                                              pads)),
+                  ("depthwise_conv2d_native_backprop_filter", (x, list(f.shape), dy, st, padding,
+                                                               pads))]
+    return calls
+
+
+@needs_avx512
+def test_avx512_tiles_equal_avx2_tiles_bit_for_bit(tmp_path):
+    """Where ATen runs at AVX512, float layers with C % 16 == 0 take 16-lane sliding-window
+    tiles (the same FMAs per lane in the same order as the AVX2 tiles, which the parity tests
+    check against TF); ATEN_CPU_CAPABILITY=avx2 selects the AVX2 tiles. Same bits."""
+    calls = _wide_calls()
+    avx2 = results_at_avx2(calls, tmp_path)
+    for (name, args), theirs in zip(calls, avx2):
+        ours = getattr(T, name)(*args)
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), name
+        exact = getattr(T, name)(*[a.double() if torch.is_tensor(a) else a for a in args])
+        assert rel_err(ours, exact) < 1e-5, name

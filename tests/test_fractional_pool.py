@@ -2,15 +2,13 @@
 TF's generator and kernels (tests/tf_fractional_reference.py) bit for bit, TF's documented
 examples and tie rules, strides, dtypes, seeds, autograd (gradcheck/gradgradcheck), opcheck,
 modules and the CUDA kernels where a GPU is present."""
-import os
-
 import numpy as np
 import pytest
 import torch
 
 import tf_fractional_reference as R
 import torch_tfgrads as T
-from conftest import DEVICES
+from conftest import DEVICES, needs_avx512, results_at_avx2
 
 OPS = torch.ops.tfgrads
 
@@ -457,19 +455,6 @@ def test_grads_with_rows_and_columns_no_cell_covers(overlapping, C):
         assert not grad[:, 0].any() and not grad[:, :, :2].any()
 
 
-_AVX2_CHILD = """
-import sys, torch, torch_tfgrads as T
-assert torch.backends.cpu.get_cpu_capability() == "AVX2", torch.backends.cpu.get_cpu_capability()
-out = []
-for x, y, dy, rows, cols, ov in torch.load(sys.argv[1]):
-    try:
-        out.append(T.fractional_max_pool_grad(x, y, dy, rows, cols, ov))
-    except RuntimeError as e:
-        out.append(str(e))
-torch.save(out, sys.argv[2])
-"""
-
-
 def _max_grad_cases():
     """Float inputs whose channel counts take the AVX-512 max gradient (multiples of 16; 48
     and 80 make channel blocks of 3 and 4 + 1 vectors), every cell-shape path (straight-line
@@ -502,20 +487,13 @@ def _max_grad_cases():
     return cases
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
-                    reason="the AVX-512 max gradient runs only where ATen runs at AVX512")
+@needs_avx512
 def test_max_grad_avx512_kernel_equals_avx2_kernel_bit_for_bit(tmp_path):
     """The float max gradient has an AVX-512 kernel (another argmax search, 16 lanes) chosen
     at run time; ATEN_CPU_CAPABILITY=avx2 selects the AVX2 kernel, which the tests above check
     against TF's reference. Both must give the same bits and the same errors."""
-    import subprocess
-    import sys
     cases = _max_grad_cases()
-    torch.save(cases, tmp_path / "cases.pt")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2")
-    subprocess.run([sys.executable, "-c", _AVX2_CHILD, str(tmp_path / "cases.pt"),
-                    str(tmp_path / "avx2.pt")], env=env, check=True)
-    avx2 = torch.load(tmp_path / "avx2.pt")
+    avx2 = results_at_avx2([("fractional_max_pool_grad", c) for c in cases], tmp_path)
     errors = 0
     for (x, y, dy, rows, cols, ov), theirs in zip(cases, avx2):
         try:

@@ -36,6 +36,8 @@
 
 #include "common/channel_layout.h"
 #include "common/depthwise_conv2d.h"
+#include "cpu/avx512.h"
+#include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/widen.h"
 
 #if defined(CPU_CAPABILITY_AVX2)
@@ -199,6 +201,7 @@ struct Correlation {
   const AxisTaps* cols;
   int64_t qstep, sstep;  // destination / source column step between tiled pixels
   bool stream = false;   // the two-vector sliding-window tiles store non-temporally (float)
+  bool wide = false;     // float, C % 16 == 0, AVX-512: the sliding-window tiles use it
 };
 
 // T pixels (destination columns q + t*qstep, sharing the taps of q, sources + t*sstep) by K
@@ -323,6 +326,15 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
   for (int64_t r = next.lo; r < next.hi; ++r)
     prefetch_pixels(simg + (r * p.Ws + st.s0) * C, U, C, c0, c1, 1);
   int64_t c = c0;
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (p.wide) {  // one 16-lane vector is a whole line: K = 1
+      c = depthwise_avx512::slide_tile<NC, S, T>(
+          simg + st.s0 * C, p.Ws * C, p.filt, p.fw * C, rk, rs, nr, st.fidx, C, c0, c1, out,
+          dstep, p.stream && reinterpret_cast<uintptr_t>(out) % 64 == 0);
+    }
+  }
+#endif
   for (; c + K * L <= c1; c += K * L) {
     Vec acc[T][K];
     for (int t = 0; t < T; ++t)
@@ -570,6 +582,7 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   const bool large = large_output(p);
   Correlation<scalar_t> pd = p;
   pd.stream = narrow_tiles && streams_whole_lines(p);
+  pd.wide = std::is_same_v<scalar_t, float> && p.C % 16 == 0 && avx512_enabled();
   const bool streaming = large && !pd.stream;  // through the row buffer
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);

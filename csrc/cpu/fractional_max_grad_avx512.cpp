@@ -2,32 +2,19 @@
 // structure is MaxGradPass's (fractional_pool.cpp): disjoint cells write their elements straight
 // after their argmax sweep; overlapping cells keep a cell row's argmaxes in a two-row ring and
 // gather each dx row once from the (at most 2x2) cells covering it. Everything after the
-// `#pragma GCC target` is compiled for AVX-512 and only called when enabled() says so.
+// `#pragma GCC target` is compiled for AVX-512 and only called when avx512_enabled() says so.
 #include "cpu/fractional_max_grad_avx512.h"
-
-#include <ATen/Version.h>
 
 #include <algorithm>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define TFGRADS_HAVE_AVX512_KERNEL 1
+#include "cpu/avx512.h"
+
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
 #include <immintrin.h>
 #endif
 
 namespace torch_tfgrads {
 namespace fracpool {
-
-bool MaxGradAvx512::enabled() {
-#ifdef TFGRADS_HAVE_AVX512_KERNEL
-  static const bool on =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      at::get_cpu_capability() == "AVX512";
-  return on;
-#else
-  return false;
-#endif
-}
 
 MaxGradAvx512::MaxGradAvx512(const float* x_, int64_t sN_, int64_t sH_, int64_t sW_,
                              const float* y_, const float* dy_, float* dx_, const GradPlan& plan,
@@ -43,11 +30,10 @@ MaxGradAvx512::MaxGradAvx512(const float* x_, int64_t sN_, int64_t sH_, int64_t 
   }
 }
 
-#ifdef TFGRADS_HAVE_AVX512_KERNEL
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
 namespace {
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+TFGRADS_AVX512_BEGIN
 
 constexpr int64_t L = 16;
 constexpr __mmask16 kAll = 0xFFFF;
@@ -276,11 +262,14 @@ void gather_rows(const MaxGradAvx512& p, int64_t b, int64_t h, int64_t d0, int64
 bool overlapping_block(const MaxGradAvx512& p, int64_t b, int64_t d0, int64_t d1) {
   const GradPlan& g = p.g;
   const int64_t nd = d1 - d0;
-  std::vector<float> ring(2 * p.OW * nd);
+  // 64-byte aligned (malloc aligns to 16 bytes): a vector that straddles two cache lines
+  // costs two accesses.
+  std::vector<float> buffer(2 * p.OW * nd + L);
+  float* ring = buffer.data() + (L - reinterpret_cast<uintptr_t>(buffer.data()) / 4 % L) % L;
   bool ok = true;
   int64_t h = 0;
   for (int64_t i = 0; i < p.OH; ++i) {
-    float* pos = ring.data() + (i & 1) * p.OW * nd;
+    float* pos = ring + (i & 1) * p.OW * nd;
     switch (g.rows.count(i)) {
       case 2: ok &= argmax_row<2>(p, b, i, d0, d1, pos); break;
       case 3: ok &= argmax_row<3>(p, b, i, d0, d1, pos); break;
@@ -288,17 +277,17 @@ bool overlapping_block(const MaxGradAvx512& p, int64_t b, int64_t d0, int64_t d1
     }
     for (; h < p.H && g.rows.last[h] <= i; ++h) {  // rows no later cell row covers
       switch (nd / L) {
-        case 1: gather_rows<1>(p, b, h, d0, nd, ring.data()); break;
-        case 2: gather_rows<2>(p, b, h, d0, nd, ring.data()); break;
-        case 4: gather_rows<4>(p, b, h, d0, nd, ring.data()); break;
-        default: gather_rows<0>(p, b, h, d0, nd, ring.data());
+        case 1: gather_rows<1>(p, b, h, d0, nd, ring); break;
+        case 2: gather_rows<2>(p, b, h, d0, nd, ring); break;
+        case 4: gather_rows<4>(p, b, h, d0, nd, ring); break;
+        default: gather_rows<0>(p, b, h, d0, nd, ring);
       }
     }
   }
   return ok;
 }
 
-#pragma GCC pop_options
+TFGRADS_AVX512_END
 
 }  // namespace
 

@@ -20,11 +20,8 @@
 namespace torch_tfgrads {
 namespace fracpool {
 
+// Construct and run only where avx512_enabled() (cpu/avx512.h).
 struct MaxGradAvx512 {
-  // Whether the kernel may run: the CPU has AVX-512 F/BW/VL/DQ and ATen's own kernels run
-  // at AVX512 (so ATEN_CPU_CAPABILITY=avx2 switches this kernel off too).
-  static bool enabled();
-
   // x: orig_input with channels contiguous (strides sN, sH, sW); y, dy: orig_output and
   // out_backprop, contiguous NHWC; dx: the contiguous NHWC result. plan.C % 16 == 0.
   // stream: non-temporal stores (dx 64-byte aligned, large).

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/fractional_pool.h"
+#include "cpu/avx512.h"
 #include "cpu/fractional_max_grad_avx512.h"
 #include "cpu/widen.h"
 
@@ -699,7 +700,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   // Float channels in whole 16-lane vectors: the AVX-512 kernel where the CPU has it.
   std::unique_ptr<fracpool::MaxGradAvx512> wide;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (C % 16 == 0 && !pass.scalar_only && fracpool::MaxGradAvx512::enabled())
+    if (C % 16 == 0 && !pass.scalar_only && avx512_enabled())
       wide = std::make_unique<fracpool::MaxGradAvx512>(
           pass.x, pass.sN, pass.sH, pass.sW, pass.y, pass.dy, pass.dx, g, overlapping,
           pass.stream && reinterpret_cast<uintptr_t>(pass.dx) % 64 == 0);

@@ -1,0 +1,66 @@
+// The depthwise sliding-window tile (slide_pixels in depthwise_conv2d.cpp) for float channels
+// in 16-lane AVX-512 vectors, chosen at run time (cpu/avx512.h). The tiles are bound by FMA
+// throughput (a 5x5 forward keeps both FMA pipes busy); a 512-bit FMA does twice the work of a
+// 256-bit one on CPUs with full-width AVX-512 units. Same FMAs in the same order per lane as
+// the AVX2 tile, so the results are bit-identical.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/avx512.h"
+
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
+#include <immintrin.h>
+
+namespace torch_tfgrads {
+namespace depthwise_avx512 {
+
+TFGRADS_AVX512_BEGIN
+
+// T destination pixels (out + t * dstep) of channels [c, c1) in whole vectors: each sums, over
+// the tap rows a (source row rs[a], filter row rk[a]) and the NC column taps b, source column
+// t * S + b of `src` (the tile's first source column) times filter column fidx[b]. Each
+// source vector is loaded once and feeds every pixel that uses it; the tap row's NC filter
+// vectors stay in registers. stream: non-temporal stores (out 64-byte aligned, C % 16 == 0).
+// Returns the first channel not done.
+template <int NC, int S, int T>
+int64_t slide_tile(const float* src, int64_t row, const float* filt, int64_t frow,
+                   const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* fidx,
+                   int64_t C, int64_t c, int64_t c1, float* out, int64_t dstep, bool stream) {
+  constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
+  for (; c + 16 <= c1; c += 16) {
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t a = 0; a < nr; ++a) {
+      const float* xp = src + rs[a] * row + c;
+      const float* fr = filt + rk[a] * frow + c;
+      __m512 fv[NC];
+#pragma GCC unroll 8
+      for (int b = 0; b < NC; ++b) fv[b] = _mm512_loadu_ps(fr + fidx[b] * C);
+#pragma GCC unroll 32
+      for (int u = 0; u < U; ++u) {
+        const __m512 xv = _mm512_loadu_ps(xp + u * C);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const int b = u - t * S;
+          if (b >= 0 && b < NC) acc[t] = _mm512_fmadd_ps(xv, fv[b], acc[t]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      float* o = out + t * dstep + c;
+      if (stream) {
+        _mm512_stream_ps(o, acc[t]);
+      } else {
+        _mm512_storeu_ps(o, acc[t]);
+      }
+    }
+  }
+  return c;
+}
+
+TFGRADS_AVX512_END
+
+}  // namespace depthwise_avx512
+}  // namespace torch_tfgrads
+#endif
