@@ -782,7 +782,7 @@ struct TapRows {
 template <typename scalar_t, int NC>
 void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
                          const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
-                         int64_t c0, int64_t c1) {
+                         int64_t c0, int64_t c1, bool wide) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   constexpr int K = NC <= 3 ? 2 : 1;
   bool consecutive = (len == 8 || len == 4) && sW <= 2;
@@ -792,6 +792,32 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   // below, which use a source line whole before it can be evicted (the one-vector 3x3 tile was
   // 8-10% slower on 14x14x512 and 28x28x256).
   const bool aliasing = pixels_alias_in_l1<scalar_t>(C);
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (wide) {  // the same tiles in 16-lane vectors (one is a whole line)
+      if (NC == 3 && consecutive && rows.n == 3 && !aliasing) {
+        const auto* xr = rows.x;
+        const int64_t s0 = cs[0];
+        if (sW == 1 && len == 8)
+          c = depthwise_avx512::filter_tile_3x3<1, 8>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
+        else if (sW == 1)
+          c = depthwise_avx512::filter_tile_3x3<1, 4>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
+        else if (len == 8)
+          c = depthwise_avx512::filter_tile_3x3<2, 8>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
+        else
+          c = depthwise_avx512::filter_tile_3x3<2, 4>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
+      } else if (consecutive && len == 8) {
+        int64_t end = c;
+        for (int64_t a = 0; a < rows.n; ++a)
+          end = sW == 1 ? depthwise_avx512::filter_tile<NC, 1>(rows.x[a], dyrow, ck, cs[0], q, C,
+                                                               c, c1, rows.part[a])
+                        : depthwise_avx512::filter_tile<NC, 2>(rows.x[a], dyrow, ck, cs[0], q, C,
+                                                               c, c1, rows.part[a]);
+        c = end;
+      }
+    }
+  }
+#endif
   if constexpr (NC == 3) {
     if (consecutive && rows.n == 3 && !aliasing) {
       for (; c + L <= c1; c += L) {
@@ -832,9 +858,10 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
 template <typename scalar_t>
 void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
                          const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
-                         int64_t C, int64_t c0, int64_t c1) {
-#define TFGRADS_FG(NC) \
-  case NC: return filter_grad_columns<scalar_t, NC>(rows, dyrow, ck, cs, q, len, sW, C, c0, c1);
+                         int64_t C, int64_t c0, int64_t c1, bool wide) {
+#define TFGRADS_FG(NC)                                                                    \
+  case NC:                                                                                \
+    return filter_grad_columns<scalar_t, NC>(rows, dyrow, ck, cs, q, len, sW, C, c0, c1, wide);
   switch (nc) {
     case 0: return;
     TFGRADS_FG(1)
@@ -859,6 +886,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   using A = acc_t<scalar_t>;
   const std::vector<int64_t> run = shifted_runs(cols, g.Wo, 1, g.sW);
   const int64_t R = g.N * g.Ho, F = g.fh * g.fw * C;
+  const bool wide = std::is_same_v<scalar_t, float> && C % 16 == 0 && avx512_enabled();
   // Fixed chunks of rows (independent of the thread count): deterministic sums.
   const int64_t rows_per_chunk = std::max<int64_t>(
       1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
@@ -915,7 +943,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                                     std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
                 }
                 filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0,
-                                    tl, g.sW, C, c0, c1);
+                                    tl, g.sW, C, c0, c1, wide);
                 if (!fits) break;
               }
               q += len;
