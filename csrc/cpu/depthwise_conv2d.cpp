@@ -575,14 +575,16 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // Large outputs (far beyond the caches, where a consumer could not find them anyway) are
   // written with non-temporal stores: no read-for-ownership of the output lines, no cache
   // pollution. Each row is computed into an L1/L2-resident buffer and streamed from there,
-  // except in float layers with narrow tiles: their two-vector tiles fill whole lines and
-  // stream straight from registers (p.stream; edge pixels store normally). (Streaming
-  // one-vector tiles directly, half lines at a time, made the 56x56x64 forward 2.5x slower.)
+  // except where the tiles fill whole lines and stream straight from registers (p.stream; edge
+  // pixels store normally): float layers with narrow tiles (two 8-lane vectors per step) and
+  // AVX-512 tiles (one 16-lane vector is a line; 0.86-0.89x the staged rows' time at
+  // 32x56x56x64 and 16x112x112x32). (Streaming 8-lane tiles directly, half lines at a time,
+  // made the 56x56x64 forward 2.5x slower.)
   const int64_t row_elems = p.Wd * p.C;
   const bool large = large_output(p);
   Correlation<scalar_t> pd = p;
-  pd.stream = narrow_tiles && streams_whole_lines(p);
   pd.wide = std::is_same_v<scalar_t, float> && p.C % 16 == 0 && avx512_enabled();
+  pd.stream = (narrow_tiles || pd.wide) && streams_whole_lines(p);
   const bool streaming = large && !pd.stream;  // through the row buffer
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
