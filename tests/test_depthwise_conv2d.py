@@ -349,7 +349,8 @@ def _wide_calls():
     every tile width (12 for 3 taps, 10 for 5, 8, 4, and the 4-column two-vector tiles of
     layers whose pixels alias in L1), source steps 1 and 2, 1-5 column taps, SAME / VALID /
     EXPLICIT padding, depth multiplier 2, channel tails after 64-channel chunks (C = 80), a
-    non-contiguous input, and outputs large enough for non-temporal stores."""
+    non-contiguous input, outputs large enough for non-temporal stores, and filter-gradient 3x3
+    runs of every length up to 16 at source steps 1 and 2, aliasing in L1 (256 / 512) or not."""
     g = torch.Generator().manual_seed(7)
     layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
         (2, 13, 29, 16, 3, 3, 1, "SAME", 1), (2, 11, 31, 32, 5, 5, 1, "SAME", 1),
@@ -357,7 +358,8 @@ def _wide_calls():
         (2, 7, 14, 256, 3, 3, 1, "SAME", 1), (1, 6, 9, 512, 3, 3, 1, "VALID", 1),
         (2, 10, 23, 16, 3, 3, 2, "EXPLICIT", 1), (2, 9, 17, 16, 3, 3, 1, "SAME", 2),
         (8, 56, 56, 64, 3, 3, 1, "SAME", 1), (4, 64, 64, 32, 5, 5, 1, "SAME", 1),
-        (12, 14, 14, 512, 3, 3, 1, "SAME", 1)]
+        (12, 14, 14, 512, 3, 3, 1, "SAME", 1), (2, 8, 28, 256, 3, 3, 2, "SAME", 1),
+        (2, 6, 35, 32, 3, 3, 2, "VALID", 1)]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:
         x = torch.randn(N, H, W, C, generator=g)

@@ -754,6 +754,41 @@ inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* d
     }
 }
 
+// 3x3 interior, a run of any length: the three tap rows of len columns whose taps read
+// consecutive source columns at source step S, at once (9 accumulators of one channel vector),
+// so each out_backprop vector is loaded once for all nine taps and the 3 - S source columns a
+// step shares with the next stay in registers. Per lane the sums of filter_grad_run, in order.
+template <typename scalar_t, int S>
+inline void filter_grad_run_3x3(const scalar_t* const* xrows, const scalar_t* dyrow,
+                                const int64_t* ck, int64_t s0, int64_t q, int64_t len,
+                                int64_t C, int64_t c, acc_t<scalar_t>* const* parts) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  Vec acc[3][3], xv[3][3];
+  const scalar_t* xp[3];
+  for (int a = 0; a < 3; ++a) {
+    xp[a] = xrows[a] + s0 * C + c;
+    for (int b = 0; b < 3; ++b) acc[a][b] = Vec(A(0));
+    for (int b = 0; b < 3 - S; ++b) xv[a][b] = Wd::load(xp[a] + b * C);
+  }
+  const scalar_t* dp = dyrow + q * C + c;
+  for (int64_t t = 0; t < len; ++t) {
+    const Vec d = Wd::load(dp + t * C);
+#pragma GCC unroll 3
+    for (int a = 0; a < 3; ++a) {
+      for (int b = 3 - S; b < 3; ++b) xv[a][b] = Wd::load(xp[a] + (t * S + b) * C);
+      for (int b = 0; b < 3; ++b) acc[a][b] = at::vec::fmadd(xv[a][b], d, acc[a][b]);
+      for (int b = 0; b < 3 - S; ++b) xv[a][b] = xv[a][b + S];
+    }
+  }
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b) {
+      A* pp = parts[a] + ck[b] * C + c;
+      (Vec::loadu(pp) + acc[a][b]).store(pp);
+    }
+}
+
 // Any number of column taps, one channel at a time (edges of unusual filters, channel tails).
 template <typename scalar_t>
 inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
@@ -787,27 +822,24 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
                          int64_t c0, int64_t c1, bool wide) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   constexpr int K = NC <= 3 ? 2 : 1;
-  bool consecutive = (len == 8 || len == 4) && sW <= 2;
+  // Taps that read consecutive source columns (unit dilation along W) at source step 1 or 2.
+  bool consecutive = sW <= 2;
   for (int b = 1; consecutive && b < NC; ++b) consecutive = cs[b] == cs[0] + b;
   int64_t c = c0;
   // Where pixels alias in L1 (as in the correlation) each tap row takes the two-vector tiles
   // below, which use a source line whole before it can be evicted (the one-vector 3x3 tile was
-  // 8-10% slower on 14x14x512 and 28x28x256).
+  // 8-10% slower on 14x14x512 and 28x28x256 in 8-lane vectors). A 16-lane vector is a whole
+  // line: the AVX-512 3x3 run takes every layer.
   const bool aliasing = pixels_alias_in_l1<scalar_t>(C);
+  const bool run_3x3 = NC == 3 && consecutive && rows.n == 3;
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (wide) {  // the same tiles in 16-lane vectors (one is a whole line)
-      if (NC == 3 && consecutive && rows.n == 3 && !aliasing) {
-        const auto* xr = rows.x;
-        const int64_t s0 = cs[0];
-        if (sW == 1 && len == 8)
-          c = depthwise_avx512::filter_tile_3x3<1, 8>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
-        else if (sW == 1)
-          c = depthwise_avx512::filter_tile_3x3<1, 4>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
-        else if (len == 8)
-          c = depthwise_avx512::filter_tile_3x3<2, 8>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
-        else
-          c = depthwise_avx512::filter_tile_3x3<2, 4>(xr, dyrow, ck, s0, q, C, c, c1, rows.part);
+      if (run_3x3) {
+        c = sW == 1 ? depthwise_avx512::filter_run_3x3<1>(rows.x, dyrow, ck, cs[0], q, len, C,
+                                                          c, c1, rows.part)
+                    : depthwise_avx512::filter_run_3x3<2>(rows.x, dyrow, ck, cs[0], q, len, C,
+                                                          c, c1, rows.part);
       } else if (consecutive && len == 8) {
         int64_t end = c;
         for (int64_t a = 0; a < rows.n; ++a)
@@ -820,19 +852,23 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
     }
   }
 #endif
-  if constexpr (NC == 3) {
-    if (consecutive && rows.n == 3 && !aliasing) {
-      for (; c + L <= c1; c += L) {
-        const auto* xr = rows.x;
-        if (sW == 1 && len == 8)
-          filter_grad_tile_3x3<scalar_t, 1, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
-        else if (sW == 1)
-          filter_grad_tile_3x3<scalar_t, 1, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
-        else if (len == 8)
-          filter_grad_tile_3x3<scalar_t, 2, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
-        else
-          filter_grad_tile_3x3<scalar_t, 2, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
-      }
+  if (run_3x3 && !aliasing) {
+    // 8- and 4-column tiles fully unrolled (in 8 lanes the run's loop was slower on them at
+    // 56x56x64), other lengths as a run: the same sums either way.
+    const auto* xr = rows.x;
+    for (; c + L <= c1; c += L) {
+      if (sW == 1 && len == 8)
+        filter_grad_tile_3x3<scalar_t, 1, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+      else if (sW == 1 && len == 4)
+        filter_grad_tile_3x3<scalar_t, 1, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+      else if (sW == 1)
+        filter_grad_run_3x3<scalar_t, 1>(xr, dyrow, ck, cs[0], q, len, C, c, rows.part);
+      else if (len == 8)
+        filter_grad_tile_3x3<scalar_t, 2, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+      else if (len == 4)
+        filter_grad_tile_3x3<scalar_t, 2, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+      else
+        filter_grad_run_3x3<scalar_t, 2>(xr, dyrow, ck, cs[0], q, len, C, c, rows.part);
     }
   }
   if (consecutive && len == 8) {
@@ -900,6 +936,12 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   // of the driver's samples; measured against it, this takes 0.86-0.98x the time at 12 of 13
   // shapes (1.04 at 56x56x128 stride 2).
   const std::vector<int64_t> last_src = furthest_sources(rows, g.Ho);
+  // Layers whose pixels alias in L1 (256 / 512 float channels: short rows of few pixels) take
+  // the last 16 or fewer columns of a 3-tap run as one tile, which adds its sums into the
+  // partial once. Measured against 8 + 4 + rest, paired in one process: 28x28x256 stride 2
+  // (13 columns) 0.83-0.90x the time with AVX-512, 14x14x512 (12) 0.82x with AVX-512 and 0.90x
+  // with AVX2. (At 56x56x64 a 14-column tail in AVX2 took 1.13x the time of 8 + 4 + 2.)
+  const bool merge_3 = pixels_alias_in_l1<scalar_t>(C);
   std::vector<int64_t> first_new(g.Ho, g.H);
   for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
   for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)
@@ -930,7 +972,11 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                 if (fits)
                   for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
                 const int64_t rest = len - t0;
-                tl = !fits ? len : rest >= 8 ? 8 : rest >= 4 ? 4 : rest;
+                tl = !fits                              ? len
+                     : merge_3 && nc == 3 && rest <= 16 ? rest
+                     : rest >= 8                        ? 8
+                     : rest >= 4                        ? 4
+                                                        : rest;
                 if (fits && nc > 0 && t0 + tl < len) {  // the next tile of this row, into L1
                   const int64_t nl = std::min<int64_t>(8, len - t0 - tl);
                   prefetch_pixels(dyrow + (q + t0 + tl) * C, nl, C, c0, c1, 3);

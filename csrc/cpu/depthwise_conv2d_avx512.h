@@ -59,30 +59,31 @@ int64_t slide_tile(const float* src, int64_t row, const float* filt, int64_t fro
   return c;
 }
 
-// Filter gradient, 3x3 interior (filter_grad_tile_3x3): the three tap rows xrows[a] of T
-// output columns from q (source columns s0 + t * S + b) against dyrow, channels [c, c1) in
-// whole vectors, added into parts[a] at filter columns ck[b]. Returns the first channel not done.
-template <int S, int T>
-int64_t filter_tile_3x3(const float* const* xrows, const float* dyrow, const int64_t* ck,
-                        int64_t s0, int64_t q, int64_t C, int64_t c, int64_t c1,
-                        float* const* parts) {
+// Filter gradient, 3x3 interior (filter_grad_run_3x3): the three tap rows xrows[a] of the
+// len output columns from q (source columns s0 + t * S + b) against dyrow, channels [c, c1)
+// in whole vectors, added into parts[a] at filter columns ck[b]. The 3 - S source columns a
+// step shares with the next stay in registers. Returns the first channel not done.
+template <int S>
+int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int64_t* ck,
+                       int64_t s0, int64_t q, int64_t len, int64_t C, int64_t c, int64_t c1,
+                       float* const* parts) {
+  static_assert(S == 1 || S == 2, "source step 1 or 2");
   for (; c + 16 <= c1; c += 16) {
-    __m512 acc[3][3];
-    for (int a = 0; a < 3; ++a)
+    __m512 acc[3][3], xv[3][3];
+    const float* xp[3];
+    for (int a = 0; a < 3; ++a) {
+      xp[a] = xrows[a] + s0 * C + c;
       for (int b = 0; b < 3; ++b) acc[a][b] = _mm512_setzero_ps();
+      for (int b = 0; b < 3 - S; ++b) xv[a][b] = _mm512_loadu_ps(xp[a] + b * C);
+    }
     const float* dp = dyrow + q * C + c;
-    const float* x0 = xrows[0] + s0 * C + c;
-    const float* x1 = xrows[1] + s0 * C + c;
-    const float* x2 = xrows[2] + s0 * C + c;
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
+    for (int64_t t = 0; t < len; ++t) {
       const __m512 d = _mm512_loadu_ps(dp + t * C);
 #pragma GCC unroll 3
-      for (int b = 0; b < 3; ++b) {
-        const int64_t o = (t * S + b) * C;
-        acc[0][b] = _mm512_fmadd_ps(_mm512_loadu_ps(x0 + o), d, acc[0][b]);
-        acc[1][b] = _mm512_fmadd_ps(_mm512_loadu_ps(x1 + o), d, acc[1][b]);
-        acc[2][b] = _mm512_fmadd_ps(_mm512_loadu_ps(x2 + o), d, acc[2][b]);
+      for (int a = 0; a < 3; ++a) {
+        for (int b = 3 - S; b < 3; ++b) xv[a][b] = _mm512_loadu_ps(xp[a] + (t * S + b) * C);
+        for (int b = 0; b < 3; ++b) acc[a][b] = _mm512_fmadd_ps(xv[a][b], d, acc[a][b]);
+        for (int b = 0; b < 3 - S; ++b) xv[a][b] = xv[a][b + S];
       }
     }
     for (int a = 0; a < 3; ++a)
