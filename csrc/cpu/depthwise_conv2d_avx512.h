@@ -103,22 +103,31 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
 
 // Filter gradient, one tap row of an 8-column tile (filter_grad_tile): NC column taps reading
 // consecutive source columns s0 + t * S + b, channels [c, c1) in whole vectors, added into
-// part at filter columns ck[b]. Returns the first channel not done.
+// part at filter columns ck[b]. Returns the first channel not done. The 8 out_backprop vectors
+// stay in registers and each source vector is loaded once, pinned in a register as in
+// slide_tile (GCC otherwise reloads it for each FMA): 0.93-0.98x the time at 16x112x112x32 5x5
+// (paired, Zen 4). Per lane acc[b] still sums t = 0..7 in order.
 template <int NC, int S>
 int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, int64_t s0,
                     int64_t q, int64_t C, int64_t c, int64_t c1, float* part) {
   constexpr int T = 8;
+  constexpr int U = (T - 1) * S + NC;  // source columns of the tile
   for (; c + 16 <= c1; c += 16) {
-    __m512 acc[NC];
+    __m512 acc[NC], d[T];
     for (int b = 0; b < NC; ++b) acc[b] = _mm512_setzero_ps();
     const float* dp = dyrow + q * C + c;
     const float* xp = xrow + s0 * C + c;
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      const __m512 d = _mm512_loadu_ps(dp + t * C);
+    for (int t = 0; t < T; ++t) d[t] = _mm512_loadu_ps(dp + t * C);
+#pragma GCC unroll 32
+    for (int u = 0; u < U; ++u) {
+      __m512 xv = _mm512_loadu_ps(xp + u * C);
+      asm("" : "+v"(xv));  // one load per source vector
 #pragma GCC unroll 8
-      for (int b = 0; b < NC; ++b)
-        acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + (t * S + b) * C), d, acc[b]);
+      for (int t = 0; t < T; ++t) {
+        const int b = u - t * S;
+        if (b >= 0 && b < NC) acc[b] = _mm512_fmadd_ps(xv, d[t], acc[b]);
+      }
     }
     for (int b = 0; b < NC; ++b) {
       float* pp = part + ck[b] * C + c;
