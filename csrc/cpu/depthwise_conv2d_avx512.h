@@ -17,16 +17,19 @@ namespace depthwise_avx512 {
 
 TFGRADS_AVX512_BEGIN
 
+// Keeps a loaded vector in a register: the empty asm must be assumed to read and change it.
+// Left alone, GCC folds a load into each FMA that uses the vector as a memory operand (up to
+// one 64-byte load per FMA instead of one per vector), and the tiles below, which reuse each
+// source vector for several pixels or taps, then issue about as many loads as FMAs.
+inline void pin_in_register(__m512& v) { asm("" : "+v"(v)); }
+
 // T destination pixels (out + t * dstep) of channels [c, c1) in whole vectors: each sums, over
 // the tap rows a (source row rs[a], filter row rk[a]) and the NC column taps b, source column
 // t * S + b of `src` (the tile's first source column) times filter column fidx[b]. Each
 // source vector is loaded once and feeds every pixel that uses it; the tap row's NC filter
 // vectors stay in registers. stream: non-temporal stores (out 64-byte aligned, C % 16 == 0).
-// Returns the first channel not done.
-// The empty asm pins each source vector in a register. Left alone, GCC folds the load into
-// the FMAs as a memory operand, once per FMA that uses it (up to NC loads of the same vector
-// instead of one), and the tile then issues about as many 64-byte loads as FMAs. Paired in one
-// process (Zen 4): 0.78x the time at 16x112x112x32 5x5, 0.87x at 32x56x56x64 3x3, 0.90x at
+// Returns the first channel not done. Each source vector is pinned (pin_in_register): paired in
+// one process (Zen 4), 0.78x the time at 16x112x112x32 5x5, 0.87x at 32x56x56x64 3x3, 0.90x at
 // 64x14x14x512, 0.98x at 32x28x28x256 stride 2; in cache 0.75-0.87x.
 template <int NC, int S, int T>
 int64_t slide_tile(const float* src, int64_t row, const float* filt, int64_t frow,
@@ -45,7 +48,7 @@ int64_t slide_tile(const float* src, int64_t row, const float* filt, int64_t fro
 #pragma GCC unroll 32
       for (int u = 0; u < U; ++u) {
         __m512 xv = _mm512_loadu_ps(xp + u * C);
-        asm("" : "+v"(xv));  // one load per source vector: see the note above
+        pin_in_register(xv);
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           const int b = u - t * S;
@@ -104,9 +107,8 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
 // Filter gradient, one tap row of an 8-column tile (filter_grad_tile): NC column taps reading
 // consecutive source columns s0 + t * S + b, channels [c, c1) in whole vectors, added into
 // part at filter columns ck[b]. Returns the first channel not done. The 8 out_backprop vectors
-// stay in registers and each source vector is loaded once, pinned in a register as in
-// slide_tile (GCC otherwise reloads it for each FMA): 0.93-0.98x the time at 16x112x112x32 5x5
-// (paired, Zen 4). Per lane acc[b] still sums t = 0..7 in order.
+// stay in registers and each source vector is loaded once (pin_in_register): 0.93-0.98x the
+// time at 16x112x112x32 5x5 (paired, Zen 4). Per lane acc[b] still sums t = 0..7 in order.
 template <int NC, int S>
 int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, int64_t s0,
                     int64_t q, int64_t C, int64_t c, int64_t c1, float* part) {
@@ -122,7 +124,7 @@ int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, in
 #pragma GCC unroll 32
     for (int u = 0; u < U; ++u) {
       __m512 xv = _mm512_loadu_ps(xp + u * C);
-      asm("" : "+v"(xv));  // one load per source vector
+      pin_in_register(xv);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const int b = u - t * S;
