@@ -62,6 +62,22 @@ def test_fast_paths_match_reference(fmt, k, s, d, C, M):
         assert max(errs.values()) <= 1e-5, (padding, errs)
 
 
+# Float layers in whole vectors tile a row's border pixels too, as tiles over the unclipped taps
+# that skip the sources in the padding: rows narrower than a tile, paddings wider than the
+# filter (pixels with no taps at all), rows ending in 1-3 pixels; 16 channels take the
+# 16-lane tiles where ATen runs at AVX512, 24 the 8-lane ones.
+@pytest.mark.parametrize("k,s", [((5, 5), (1, 1)), ((3, 3), (1, 1)), ((3, 3), (2, 2)),
+                                 ((5, 5), (2, 2)), ((2, 4), (1, 1))])
+@pytest.mark.parametrize("W,pads", [(3, (4, 6)), (9, (2, 2)), (13, (0, 5)), (22, (7, 1)),
+                                    (31, (2, 2))])
+@pytest.mark.parametrize("C", [16, 24])
+def test_border_tiles_skip_the_padding(k, s, W, pads, C):
+    case = make_case(N=2, H=7, W=W, C=C, k=k, s=s, padding="EXPLICIT", explicit=((1, 2), pads),
+                     dtype=torch.float32, seed=W + C)
+    errs = check_case(case, use_tf=False)
+    assert max(errs.values()) <= 1e-5, errs
+
+
 @pytest.mark.parametrize("C,H,s", [(136, 64, 1), (20, 120, 1), (20, 121, 2), (256, 46, 1),
                                    (512, 33, 1)])
 def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
@@ -359,7 +375,7 @@ def _wide_calls():
         (2, 10, 23, 16, 3, 3, 2, "EXPLICIT", 1), (2, 9, 17, 16, 3, 3, 1, "SAME", 2),
         (8, 56, 56, 64, 3, 3, 1, "SAME", 1), (4, 64, 64, 32, 5, 5, 1, "SAME", 1),
         (12, 14, 14, 512, 3, 3, 1, "SAME", 1), (2, 8, 28, 256, 3, 3, 2, "SAME", 1),
-        (2, 6, 35, 32, 3, 3, 2, "VALID", 1)]
+        (2, 6, 35, 32, 3, 3, 2, "VALID", 1), (2, 9, 26, 32, 5, 5, 1, "EXPLICIT", 1)]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:
         x = torch.randn(N, H, W, C, generator=g)

@@ -277,14 +277,23 @@ Geometry check_backprop_filter(const char* op, const at::Tensor& input,
   return g;
 }
 
-AxisTaps forward_taps(int64_t out, int64_t in, int64_t k, int64_t s, int64_t d, int64_t p) {
+namespace {
+// A source index kept: in bounds, or (unclipped taps) near enough to stay far from overflow.
+bool keep_source(__int128 src, int64_t in, bool in_bounds) {
+  constexpr __int128 kFar = __int128{1} << 40;
+  return in_bounds ? src >= 0 && src < in : src > -kFar && src < in + kFar;
+}
+}  // namespace
+
+AxisTaps forward_taps(int64_t out, int64_t in, int64_t k, int64_t s, int64_t d, int64_t p,
+                      bool in_bounds) {
   AxisTaps t;
   t.offset.reserve(out + 1);
   t.offset.push_back(0);
   for (int64_t o = 0; o < out; ++o) {
     for (int64_t kk = 0; kk < k; ++kk) {
       const __int128 src = static_cast<__int128>(o) * s + static_cast<__int128>(kk) * d - p;
-      if (src >= 0 && src < in) {
+      if (keep_source(src, in, in_bounds)) {
         t.k.push_back(kk);
         t.src.push_back(static_cast<int64_t>(src));
       }
@@ -294,14 +303,15 @@ AxisTaps forward_taps(int64_t out, int64_t in, int64_t k, int64_t s, int64_t d, 
   return t;
 }
 
-AxisTaps backward_taps(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t p) {
+AxisTaps backward_taps(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t p,
+                       bool in_bounds) {
   AxisTaps t;
   t.offset.reserve(in + 1);
   t.offset.push_back(0);
   for (int64_t x = 0; x < in; ++x) {
     for (int64_t kk = 0; kk < k; ++kk) {
       const __int128 num = static_cast<__int128>(x) + p - static_cast<__int128>(kk) * d;
-      if (num >= 0 && num % s == 0 && num / s < out) {
+      if (num % s == 0 && keep_source(num / s, out, in_bounds)) {
         t.k.push_back(kk);
         t.src.push_back(static_cast<int64_t>(num / s));
       }

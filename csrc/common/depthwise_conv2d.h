@@ -53,12 +53,17 @@ Geometry check_backprop_filter(const char* op, const at::Tensor& input,
 //   forward / filter grad: dst = output index o, src = input index  o*s + k*d - p
 //   backprop input:        dst = input index x,  src = output index (x + p - k*d) / s, exact
 // CSR: taps of dst are [offset[dst], offset[dst+1]).
+// in_bounds = false keeps the taps that fall into the padding too (src < 0 or >= the source
+// size, within +-2^40): the unclipped pattern that lets the CPU tiles treat the border columns
+// like the interior ones, skipping the out-of-bounds sources.
 struct AxisTaps {
   std::vector<int64_t> offset, k, src;
   int64_t count(int64_t dst) const { return offset[dst + 1] - offset[dst]; }
 };
-AxisTaps forward_taps(int64_t out, int64_t in, int64_t k, int64_t s, int64_t d, int64_t p);
-AxisTaps backward_taps(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t p);
+AxisTaps forward_taps(int64_t out, int64_t in, int64_t k, int64_t s, int64_t d, int64_t p,
+                      bool in_bounds = true);
+AxisTaps backward_taps(int64_t in, int64_t out, int64_t k, int64_t s, int64_t d, int64_t p,
+                       bool in_bounds = true);
 
 // The family's dtypes (TF's): float16, bfloat16, float32, float64.
 template <typename Fn>

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -199,6 +200,7 @@ struct Correlation {
   int64_t N, Hs, Ws, Hd, Wd, C, fw;
   const AxisTaps* rows;
   const AxisTaps* cols;
+  const AxisTaps* vcols;  // cols without clipping to the source (AxisTaps), or nullptr
   int64_t qstep, sstep;  // destination / source column step between tiled pixels
   bool stream = false;   // the two-vector sliding-window tiles store non-temporally (float)
   bool wide = false;     // float, C % 16 == 0, AVX-512: the sliding-window tiles use it
@@ -291,6 +293,7 @@ constexpr int64_t kChannelChunk = 64;
 struct SlideTaps {
   int64_t s0 = 0, nc = 0;
   int64_t fidx[kMaxSlide] = {};  // filter column of source column s0 + b
+  int64_t fresh = 0;  // source columns before s0 + fresh were prefetched by the previous tile
 };
 
 bool slide_taps(const int64_t* ck, const int64_t* cs, int64_t nc, SlideTaps* st) {
@@ -308,8 +311,10 @@ bool slide_taps(const int64_t* ck, const int64_t* cs, int64_t nc, SlideTaps* st)
 }
 
 // K channel vectors per step: K = 2 consumes whole 64-byte lines, for layers whose pixels alias
-// in L1 (a line's second half would be evicted before the next step reads it).
-template <typename scalar_t, int NC, int S, int T, int K = 1>
+// in L1 (a line's second half would be evicted before the next step reads it). Clip: the tile
+// reaches into the padding (st from the unclipped taps, s0 possibly negative): its sources
+// outside [0, Ws) are skipped, in whole vectors only (C % L == 0, so there is no channel tail).
+template <typename scalar_t, int NC, int S, int T, int K, bool Clip>
 void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
                   const int64_t* rs, int64_t nr, const SlideTaps& st, const RowSpan& next,
                   int64_t c0, int64_t c1, scalar_t* out) {
@@ -318,19 +323,23 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
   using Wd = Widen<scalar_t, A>;
   constexpr int64_t L = Vec::size();
   constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
-  const int64_t C = p.C, dstep = p.qstep * C;
+  const int64_t C = p.C, dstep = p.qstep * C, s0 = st.s0;
+  // The source columns s0 + u that exist: u in [ulo, uhi).
+  const int ulo = Clip ? static_cast<int>(std::clamp<int64_t>(-s0, 0, U)) : 0;
+  const int uhi = Clip ? static_cast<int>(std::clamp<int64_t>(p.Ws - s0, ulo, U)) : U;
   // The channel loop below revisits each pixel with a stride the hardware prefetchers do not
   // follow: prefetch, over this tile's columns, the source rows the next destination row adds
   // (from memory) into L2, one row of work ahead. (Measured: also prefetching the next tile into
   // L1, which the filter gradient gains from, does not pay here.)
   for (int64_t r = next.lo; r < next.hi; ++r)
-    prefetch_pixels(simg + (r * p.Ws + st.s0) * C, U, C, c0, c1, 1);
+    prefetch_pixels(simg + (r * p.Ws + s0 + std::max<int64_t>(ulo, st.fresh)) * C,
+                    uhi - std::max<int64_t>(ulo, st.fresh), C, c0, c1, 1);
   int64_t c = c0;
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (p.wide) {  // one 16-lane vector is a whole line: K = 1
-      c = depthwise_avx512::slide_tile<NC, S, T>(
-          simg + st.s0 * C, p.Ws * C, p.filt, p.fw * C, rk, rs, nr, st.fidx, C, c0, c1, out,
+      c = depthwise_avx512::slide_tile<NC, S, T, Clip>(
+          simg, p.Ws * C, s0, ulo, uhi, p.filt, p.fw * C, rk, rs, nr, st.fidx, C, c0, c1, out,
           dstep, p.stream && reinterpret_cast<uintptr_t>(out) % 64 == 0);
     }
   }
@@ -340,7 +349,7 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
     for (int t = 0; t < T; ++t)
       for (int k = 0; k < K; ++k) acc[t][k] = Vec(A(0));
     for (int64_t a = 0; a < nr; ++a) {
-      const scalar_t* xp = simg + (rs[a] * p.Ws + st.s0) * C + c;
+      const scalar_t* xp = simg + rs[a] * p.Ws * C + c;
       const scalar_t* fr = p.filt + rk[a] * p.fw * C + c;
       Vec fv[NC][K];
 #pragma GCC unroll 8
@@ -348,8 +357,9 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
         for (int k = 0; k < K; ++k) fv[b][k] = Wd::load(fr + st.fidx[b] * C + k * L);
 #pragma GCC unroll 32
       for (int u = 0; u < U; ++u) {
+        if (Clip && (u < ulo || u >= uhi)) continue;
         for (int k = 0; k < K; ++k) {
-          const Vec xv = Wd::load(xp + u * C + k * L);
+          const Vec xv = Wd::load(xp + (s0 + u) * C + k * L);
 #pragma GCC unroll 16
           for (int t = 0; t < T; ++t) {
             const int b = u - t * S;
@@ -370,38 +380,76 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
       }
   }
   if (K > 1 && c + L <= c1) {
-    slide_pixels<scalar_t, NC, S, T, 1>(p, simg, rk, rs, nr, st, RowSpan{}, c, c1, out);
+    slide_pixels<scalar_t, NC, S, T, 1, Clip>(p, simg, rk, rs, nr, st, RowSpan{}, c, c1, out);
     return;
   }
-  if (c < c1) {  // channel tail through the general path
-    int64_t ck[kMaxSlide], cs[kMaxSlide];
-    for (int b = 0; b < NC; ++b) {
-      ck[b] = st.fidx[b];
-      cs[b] = st.s0 + b;
+  if constexpr (!Clip) {
+    if (c < c1) {  // channel tail through the general path
+      int64_t ck[kMaxSlide], cs[kMaxSlide];
+      for (int b = 0; b < NC; ++b) {
+        ck[b] = st.fidx[b];
+        cs[b] = s0 + b;
+      }
+      correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, NC, c, c1, out);
     }
-    correlate_tail<scalar_t, T>(p, simg, rk, rs, nr, ck, cs, NC, c, c1, out);
   }
 }
 
-template <typename scalar_t, int T, int K = 1>
-bool try_slide(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-               const int64_t* rs, int64_t nr, const RowSpan& next, int64_t q, int64_t c0,
-               int64_t c1, scalar_t* drow) {
-  if (p.sstep > 2) return false;
-  const AxisTaps& cols = *p.cols;
+// One piece of a destination row's work: the kernel for the pixels from column q. The column
+// taps do not depend on the row, so the pieces of a row are planned once per call (column_plan)
+// and every row runs the same plan.
+template <typename scalar_t>
+struct ColumnStep {
+  using Fn = void (*)(const Correlation<scalar_t>&, const scalar_t*, const int64_t*,
+                      const int64_t*, int64_t, const SlideTaps&, const RowSpan&, int64_t,
+                      int64_t, int64_t, scalar_t*);
+  Fn fn = nullptr;
+  int64_t q = 0, t = 0;  // first column, pixels (tiles)
   SlideTaps st;
+};
+
+template <typename scalar_t, int NC, int S, int T, int K, bool Clip>
+void slide_step(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+                const int64_t* rs, int64_t nr, const SlideTaps& st, const RowSpan& next,
+                int64_t q, int64_t c0, int64_t c1, scalar_t* drow) {
+  slide_pixels<scalar_t, NC, S, T, K, Clip>(p, simg, rk, rs, nr, st, next, c0, c1,
+                                            drow + q * p.C);
+}
+
+template <typename scalar_t, int T, int K>
+void pixels_step(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+                 const int64_t* rs, int64_t nr, const SlideTaps&, const RowSpan& next,
+                 int64_t q, int64_t c0, int64_t c1, scalar_t* drow) {
+  correlate_pixels<scalar_t, T, K>(p, simg, rk, rs, nr, next, q, c0, c1, drow);
+}
+
+// Only float layers tile into the padding (column_plan).
+template <typename scalar_t, int NC, int S, int T, int K>
+typename ColumnStep<scalar_t>::Fn slide_fn(bool clip) {
+  if constexpr (std::is_same_v<scalar_t, float>)
+    if (clip) return slide_step<scalar_t, NC, S, T, K, true>;
+  return slide_step<scalar_t, NC, S, T, K, false>;
+}
+
+// The T-pixel sliding-window step for the pixels from column q, if their column taps (cols:
+// p.cols, or the unclipped p.vcols) slide; clipped where the tile reaches into the padding.
+template <typename scalar_t, int T, int K = 1>
+bool slide_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
+              ColumnStep<scalar_t>* step) {
+  if (p.sstep > 2) return false;
   if (!slide_taps(cols.k.data() + cols.offset[q], cols.src.data() + cols.offset[q],
-                  cols.count(q), &st))
+                  cols.count(q), &step->st))
     return false;
-  scalar_t* out = drow + q * p.C;
-#define TFGRADS_SLIDE(NC)                                                          \
-  case NC:                                                                         \
-    if (p.sstep == 1)                                                              \
-      slide_pixels<scalar_t, NC, 1, T, K>(p, simg, rk, rs, nr, st, next, c0, c1, out);     \
-    else                                                                           \
-      slide_pixels<scalar_t, NC, 2, T, K>(p, simg, rk, rs, nr, st, next, c0, c1, out);     \
+  step->q = q;
+  step->t = T;
+  const int64_t U = (T - 1) * p.sstep + step->st.nc;
+  const bool clip = step->st.s0 < 0 || step->st.s0 + U > p.Ws;
+#define TFGRADS_SLIDE(NC)                                                               \
+  case NC:                                                                              \
+    step->fn = p.sstep == 1 ? slide_fn<scalar_t, NC, 1, T, K>(clip)                     \
+                            : slide_fn<scalar_t, NC, 2, T, K>(clip);                    \
     return true;
-  switch (st.nc) {
+  switch (step->st.nc) {
     TFGRADS_SLIDE(1)
     TFGRADS_SLIDE(2)
     TFGRADS_SLIDE(3)
@@ -414,11 +462,9 @@ bool try_slide(const Correlation<scalar_t>& p, const scalar_t* simg, const int64
 
 // A 13-column sliding-window tile, float layers only (the AVX-512 tiles of correlate_channels_last).
 template <typename scalar_t>
-bool try_slide_13(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                  const int64_t* rs, int64_t nr, const RowSpan& next, int64_t q, int64_t c0,
-                  int64_t c1, scalar_t* drow) {
-  if constexpr (std::is_same_v<scalar_t, float>)
-    return try_slide<scalar_t, 13>(p, simg, rk, rs, nr, next, q, c0, c1, drow);
+bool slide_13_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
+                 ColumnStep<scalar_t>* step) {
+  if constexpr (std::is_same_v<scalar_t, float>) return slide_at<scalar_t, 13>(p, cols, q, step);
   return false;
 }
 
@@ -566,13 +612,109 @@ void correlate_by_pixel(const Correlation<scalar_t>& p) {
   });
 }
 
+// A tile of the last 1-3 pixels of a run (float layers: the unclipped plan's row ends).
+template <typename scalar_t>
+bool short_tile_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q, int64_t n,
+                   ColumnStep<scalar_t>* step) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    switch (n) {
+      case 1: return slide_at<scalar_t, 1>(p, cols, q, step);
+      case 2: return slide_at<scalar_t, 2>(p, cols, q, step);
+      case 3: return slide_at<scalar_t, 3>(p, cols, q, step);
+      default: return false;
+    }
+  }
+  return false;
+}
+
+// The widest sliding-window tile for the pixels from column q (in phase q0) given the runs of
+// columns whose taps are shifted copies (run over cols); advances q past them. short_tiles:
+// a run's last 1-3 pixels as one short tile, else as a 4-pixel tile that starts earlier.
+template <typename scalar_t>
+bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
+               const std::vector<int64_t>& run, bool narrow_tiles, bool whole_13,
+               bool short_tiles, int64_t q0, int64_t* qp, ColumnStep<scalar_t>* s) {
+  const int64_t q = *qp, n = run[q], step = p.qstep;
+  // The end of a run shorter than a tile is done as a tile that starts earlier in the same run
+  // (recomputing a few pixels) rather than pixel by pixel.
+  const int64_t back4 = q - (4 - n) * step;
+  const bool back = back4 >= q0 && run[back4] >= 4;
+  int64_t next = q;
+  // Narrow tiles take two channel vectors (a whole 64-byte line) per step.
+  if (whole_13 && n >= 13 && cols.count(q) == 3 && slide_13_at(p, cols, q, s)) {
+    next = q + 13 * step;
+  } else if (short_tiles && n < 4 && short_tile_at(p, cols, q, n, s)) {
+    next = q + n * step;
+  } else if (narrow_tiles && n >= 4 && slide_at<scalar_t, 4, 2>(p, cols, q, s)) {
+    next = q + 4 * step;
+  } else if (narrow_tiles && back && slide_at<scalar_t, 4, 2>(p, cols, back4, s)) {
+    next = q + n * step;
+  } else if (n >= 12 && cols.count(q) == 3 && slide_at<scalar_t, 12>(p, cols, q, s)) {
+    next = q + 12 * step;  // 3 taps: 12 accumulators hide the FMA latency better
+  } else if (n >= 10 && cols.count(q) == 5 && slide_at<scalar_t, 10>(p, cols, q, s)) {
+    next = q + 10 * step;  // 5 taps: 10 accumulators
+  } else if (n >= 8 && slide_at<scalar_t, 8>(p, cols, q, s)) {
+    next = q + 8 * step;
+  } else if (n >= 4 && slide_at<scalar_t, 4>(p, cols, q, s)) {
+    next = q + 4 * step;
+  } else if (back && slide_at<scalar_t, 4>(p, cols, back4, s)) {
+    next = q + n * step;
+  } else {
+    return false;
+  }
+  *qp = next;
+  return true;
+}
+
+// The pieces of every destination row, left to right within each column phase. Float layers
+// in whole vectors plan their tiles on the unclipped taps (p.vcols), so a row's border pixels
+// (SAME padding: 2 of 112 at each end for 5x5, which pixel by pixel took 17% of the forward's
+// time at 16x112x112x32) join the tiles as clipped ones; other layers, and columns whose
+// unclipped taps do not slide (dilation, over 5 taps), tile their in-bounds taps or go pixel by
+// pixel.
+template <typename scalar_t>
+std::vector<ColumnStep<scalar_t>> column_plan(const Correlation<scalar_t>& p, bool narrow_tiles,
+                                              bool whole_13) {
+  constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
+  const bool unclipped = std::is_same_v<scalar_t, float> && p.vcols != nullptr && p.C % L == 0;
+  const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
+  const std::vector<int64_t> vrun =
+      unclipped ? shifted_runs(*p.vcols, p.Wd, p.qstep, p.sstep) : std::vector<int64_t>{};
+  std::vector<ColumnStep<scalar_t>> plan;
+  for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
+    int64_t prefetched = std::numeric_limits<int64_t>::min();  // source columns up to here
+    for (int64_t q = q0; q < p.Wd;) {
+      ColumnStep<scalar_t> s;
+      if ((unclipped && tile_step(p, *p.vcols, vrun, narrow_tiles, whole_13, true, q0, &q, &s)) ||
+          tile_step(p, *p.cols, run, narrow_tiles, whole_13, false, q0, &q, &s)) {
+        // A tile prefetches only the source columns the tile before it did not.
+        const int64_t end = s.st.s0 + (s.t - 1) * p.sstep + s.st.nc;
+        s.st.fresh = std::clamp<int64_t>(prefetched - s.st.s0, 0, end - s.st.s0);
+        prefetched = end;
+        plan.push_back(s);
+        continue;
+      }
+      prefetched = std::numeric_limits<int64_t>::min();
+      s.q = q;
+      if (run[q] >= 2) {
+        s.fn = pixels_step<scalar_t, 2, 4>;
+        q += 2 * p.qstep;
+      } else {
+        s.fn = pixels_step<scalar_t, 1, 4>;
+        q += p.qstep;
+      }
+      plan.push_back(s);
+    }
+  }
+  return plan;
+}
+
 template <typename scalar_t>
 void correlate_channels_last(const Correlation<scalar_t>& p) {
   if (few_taps_per_pixel(p)) {
     correlate_by_pixel(p);
     return;
   }
-  const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
   const AxisTaps& rows = *p.rows;
   const std::vector<int64_t> last_src = furthest_sources(rows, p.Hd);
   const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
@@ -602,6 +744,7 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // process: 0.71-0.86x the time in four of six pairs at 32x28x28x256 stride 2, 1.09-1.10x in
   // two taken in a slow phase of the host; 0.73-0.79x at N = 8.
   const bool whole_13 = pd.wide && narrow_tiles;
+  const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13);
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
     // Tile steps per row, roughly: the previous row goes out in that many slices.
@@ -624,46 +767,9 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
       // chunk) stay within L1 however many channels there are.
       for (int64_t c0 = 0; c0 < p.C; c0 += kChannelChunk) {
         const int64_t c1 = std::min(p.C, c0 + kChannelChunk);
-        for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
-          for (int64_t q = q0; q < p.Wd;) {
-            rows_out.step();
-            // The end of a run shorter than a tile is done as a tile that starts earlier in
-            // the same run (recomputing a few pixels) rather than pixel by pixel.
-            const int64_t back4 = q - (4 - run[q]) * p.qstep;
-            // Narrow tiles take two channel vectors (a whole 64-byte line) per step.
-            if (whole_13 && run[q] >= 13 && p.cols->count(q) == 3 &&
-                try_slide_13(pd, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 13 * p.qstep;
-            } else if (narrow_tiles && run[q] >= 4 &&
-                try_slide<scalar_t, 4, 2>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 4 * p.qstep;
-            } else if (narrow_tiles && back4 >= q0 && run[back4] >= 4 &&
-                       try_slide<scalar_t, 4, 2>(pd, simg, rk, rs, nrt, next, back4, c0, c1,
-                                                 drow)) {
-              q += run[q] * p.qstep;
-            } else if (run[q] >= 12 && p.cols->count(q) == 3 &&
-                try_slide<scalar_t, 12>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 12 * p.qstep;  // 3 taps: 12 accumulators hide the FMA latency better
-            } else if (run[q] >= 10 && p.cols->count(q) == 5 &&
-                try_slide<scalar_t, 10>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 10 * p.qstep;  // 5 taps: 10 accumulators
-            } else if (run[q] >= 8 &&
-                try_slide<scalar_t, 8>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 8 * p.qstep;
-            } else if (run[q] >= 4 &&
-                       try_slide<scalar_t, 4>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow)) {
-              q += 4 * p.qstep;
-            } else if (back4 >= q0 && run[back4] >= 4 &&
-                       try_slide<scalar_t, 4>(pd, simg, rk, rs, nrt, next, back4, c0, c1, drow)) {
-              q += run[q] * p.qstep;
-            } else if (run[q] >= 2) {
-              correlate_pixels<scalar_t, 2, 4>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow);
-              q += 2 * p.qstep;
-            } else {
-              correlate_pixels<scalar_t, 1, 4>(pd, simg, rk, rs, nrt, next, q, c0, c1, drow);
-              q += p.qstep;
-            }
-          }
+        for (const ColumnStep<scalar_t>& step : plan) {
+          rows_out.step();
+          step.fn(pd, simg, rk, rs, nrt, step.st, next, step.q, c0, c1, drow);
         }
       }
       rows_out.done(nr, dst_row, steps);
@@ -1259,9 +1365,10 @@ at::Tensor depthwise_conv2d_native_cpu(const at::Tensor& input, const at::Tensor
     const at::Tensor xe = repeat_channels(x, g.M).contiguous();
     const AxisTaps rows = depthwise::forward_taps(g.Ho, g.H, g.fh, g.sH, g.dH, g.pt);
     const AxisTaps cols = depthwise::forward_taps(g.Wo, g.W, g.fw, g.sW, g.dW, g.pl);
+    const AxisTaps vcols = depthwise::forward_taps(g.Wo, g.W, g.fw, g.sW, g.dW, g.pl, false);
     const Correlation<scalar_t> p{xe.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
                                   nhwc_view(out, g).data_ptr<scalar_t>(), g.N, g.H, g.W, g.Ho,
-                                  g.Wo, g.C * g.M, g.fw, &rows, &cols, 1, g.sW};
+                                  g.Wo, g.C * g.M, g.fw, &rows, &cols, &vcols, 1, g.sW};
     correlate_channels_last(p);
   });
   return out;
@@ -1289,10 +1396,11 @@ at::Tensor depthwise_conv2d_native_backprop_input_cpu(
     }
     const AxisTaps rows = depthwise::backward_taps(g.H, g.Ho, g.fh, g.sH, g.dH, g.pt);
     const AxisTaps cols = depthwise::backward_taps(g.W, g.Wo, g.fw, g.sW, g.dW, g.pl);
+    const AxisTaps vcols = depthwise::backward_taps(g.W, g.Wo, g.fw, g.sW, g.dW, g.pl, false);
     if (g.M == 1) {
       const Correlation<scalar_t> p{dy.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
                                     nhwc_view(dx, g).data_ptr<scalar_t>(), g.N, g.Ho, g.Wo,
-                                    g.H, g.W, g.C, g.fw, &rows, &cols, g.sW, 1};
+                                    g.H, g.W, g.C, g.fw, &rows, &cols, &vcols, g.sW, 1};
       correlate_channels_last(p);
       return;
     }
@@ -1302,7 +1410,7 @@ at::Tensor depthwise_conv2d_native_backprop_input_cpu(
     const at::Tensor dya = dy.to(acc_type), fa = f.to(acc_type);
     at::Tensor dxe = at::empty({g.N, g.H, g.W, g.C * g.M}, dya.options());
     const Correlation<A> p{dya.data_ptr<A>(), fa.data_ptr<A>(), dxe.data_ptr<A>(), g.N, g.Ho,
-                           g.Wo, g.H, g.W, g.C * g.M, g.fw, &rows, &cols, g.sW, 1};
+                           g.Wo, g.H, g.W, g.C * g.M, g.fw, &rows, &cols, &vcols, g.sW, 1};
     correlate_channels_last(p);
     nhwc_view(dx, g).copy_(dxe.view({g.N, g.H, g.W, g.C, g.M}).sum(-1));
   });

@@ -25,16 +25,19 @@ inline void pin_in_register(__m512& v) { asm("" : "+v"(v)); }
 
 // T destination pixels (out + t * dstep) of channels [c, c1) in whole vectors: each sums, over
 // the tap rows a (source row rs[a], filter row rk[a]) and the NC column taps b, source column
-// t * S + b of `src` (the tile's first source column) times filter column fidx[b]. Each
-// source vector is loaded once and feeds every pixel that uses it; the tap row's NC filter
-// vectors stay in registers. stream: non-temporal stores (out 64-byte aligned, C % 16 == 0).
-// Returns the first channel not done. Each source vector is pinned (pin_in_register): paired in
-// one process (Zen 4), 0.78x the time at 16x112x112x32 5x5, 0.87x at 32x56x56x64 3x3, 0.90x at
-// 64x14x14x512, 0.98x at 32x28x28x256 stride 2; in cache 0.75-0.87x.
-template <int NC, int S, int T>
-int64_t slide_tile(const float* src, int64_t row, const float* filt, int64_t frow,
-                   const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* fidx,
-                   int64_t C, int64_t c, int64_t c1, float* out, int64_t dstep, bool stream) {
+// s0 + t * S + b of the image `src` times filter column fidx[b]. Each source vector is loaded
+// once and feeds every pixel that uses it; the tap row's NC filter vectors stay in registers.
+// Clip: only the source columns s0 + u with u in [ulo, uhi) exist (the others are padding, and
+// their taps are left out), so border pixels run as tiles too. stream: non-temporal stores
+// (out 64-byte aligned, C % 16 == 0). Returns the first channel not done. Each source vector is
+// pinned (pin_in_register): paired in one process (Zen 4), 0.78x the time at 16x112x112x32 5x5,
+// 0.87x at 32x56x56x64 3x3, 0.90x at 64x14x14x512, 0.98x at 32x28x28x256 stride 2; in cache
+// 0.75-0.87x.
+template <int NC, int S, int T, bool Clip>
+int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, const float* filt,
+                   int64_t frow, const int64_t* rk, const int64_t* rs, int64_t nr,
+                   const int64_t* fidx, int64_t C, int64_t c, int64_t c1, float* out,
+                   int64_t dstep, bool stream) {
   constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
   for (; c + 16 <= c1; c += 16) {
     __m512 acc[T];
@@ -47,7 +50,8 @@ int64_t slide_tile(const float* src, int64_t row, const float* filt, int64_t fro
       for (int b = 0; b < NC; ++b) fv[b] = _mm512_loadu_ps(fr + fidx[b] * C);
 #pragma GCC unroll 32
       for (int u = 0; u < U; ++u) {
-        __m512 xv = _mm512_loadu_ps(xp + u * C);
+        if (Clip && (u < ulo || u >= uhi)) continue;
+        __m512 xv = _mm512_loadu_ps(xp + (s0 + u) * C);
         pin_in_register(xv);
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
