@@ -331,9 +331,10 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
   // follow: prefetch, over this tile's columns, the source rows the next destination row adds
   // (from memory) into L2, one row of work ahead. (Measured: also prefetching the next tile into
   // L1 does not pay, here or in the filter gradient.)
-  for (int64_t r = next.lo; r < next.hi; ++r)
-    prefetch_pixels(simg + (r * p.Ws + s0 + std::max<int64_t>(ulo, st.fresh)) * C,
-                    uhi - std::max<int64_t>(ulo, st.fresh), C, c0, c1, 1);
+  const int64_t fresh = std::max<int64_t>(ulo, st.fresh);
+  if (fresh < uhi)
+    for (int64_t r = next.lo; r < next.hi; ++r)
+      prefetch_pixels(simg + (r * p.Ws + s0 + fresh) * C, uhi - fresh, C, c0, c1, 1);
   int64_t c = c0;
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   if constexpr (std::is_same_v<scalar_t, float>) {
