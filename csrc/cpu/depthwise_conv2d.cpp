@@ -200,7 +200,7 @@ struct Correlation {
   int64_t N, Hs, Ws, Hd, Wd, C, fw;
   const AxisTaps* rows;
   const AxisTaps* cols;
-  const AxisTaps* vcols;  // cols without clipping to the source (AxisTaps), or nullptr
+  const AxisTaps* vcols;  // the column taps unclipped (in_bounds = false), or nullptr
   int64_t qstep, sstep;  // destination / source column step between tiled pixels
   bool stream = false;   // the two-vector sliding-window tiles store non-temporally (float)
   bool wide = false;     // float, C % 16 == 0, AVX-512: the sliding-window tiles use it
