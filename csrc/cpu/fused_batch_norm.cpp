@@ -43,14 +43,23 @@ acc_t hsum(const Vectorized<acc_t>& v) {
   return s;
 }
 
-// (count, mean, M2) of one chunk of one channel, merged with Chan et al.'s pairwise formula.
-struct Moments {
-  double n = 0, mean = 0, m2 = 0;
-  void merge(double nb, double mb, double m2b) {
+// Per-channel (count, mean, M2), merged part by part with Chan et al.'s pairwise formula. Every
+// channel sees the same counts, so the merge's scalar factors are computed once per part and
+// the per-channel updates are plain vectorisable arithmetic (no division per channel).
+struct ChannelMoments {
+  double n = 0;
+  std::vector<double> mean, m2;
+  explicit ChannelMoments(int64_t C) : mean(C, 0.0), m2(C, 0.0) {}
+  // Merges a part of nb elements per channel: its means mb[c * stride], M2s m2b[c * stride].
+  void merge(double nb, const double* mb, const double* m2b, int64_t stride = 1) {
     if (nb == 0) return;
-    const double nt = n + nb, delta = mb - mean;
-    mean += delta * (nb / nt);
-    m2 += m2b + delta * delta * (n * nb / nt);
+    const double nt = n + nb, f = nb / nt, g = n * nb / nt;
+    const int64_t C = static_cast<int64_t>(mean.size());
+    for (int64_t c = 0; c < C; ++c) {
+      const double delta = mb[c * stride] - mean[c];
+      mean[c] += delta * f;
+      m2[c] += m2b[c * stride] + delta * delta * g;
+    }
     n = nt;
   }
 };
@@ -391,7 +400,7 @@ template <typename scalar_t, typename acc_t>
 void batch_moments(const ChannelLayout& l, const scalar_t* x, std::vector<double>& mean,
                    std::vector<double>& var) {
   const int64_t C = l.C;
-  std::vector<Moments> total(C);
+  ChannelMoments total(C);
   if (l.channels_last) {
     const int64_t rows = l.outer;
     const int64_t R = std::max<int64_t>(1, kChunkElems / C);
@@ -414,7 +423,7 @@ void batch_moments(const ChannelLayout& l, const scalar_t* x, std::vector<double
     });
     for (int64_t k = 0; k < nchunk; ++k) {
       const double n = static_cast<double>(std::min(rows, (k + 1) * R) - k * R);
-      for (int64_t c = 0; c < C; ++c) total[c].merge(n, pmean[k * C + c], pm2[k * C + c]);
+      total.merge(n, &pmean[k * C], &pm2[k * C]);
     }
   } else {
     const int64_t N = l.outer, S = l.inner;
@@ -431,20 +440,17 @@ void batch_moments(const ChannelLayout& l, const scalar_t* x, std::vector<double
         pm2[p] = plane_sqdev<scalar_t, acc_t>(xp, len, m);
       }
     });
+    // Each channel merges its parts in (n, j) order; part (n, c, j) is at (n * C + c) * nsub + j.
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t j = 0; j < nsub; ++j) {
-          const int64_t p = (n * C + c) * nsub + j;
-          const double len = static_cast<double>(std::min(S, (j + 1) * L) - j * L);
-          total[c].merge(len, pmean[p], pm2[p]);
-        }
+      for (int64_t j = 0; j < nsub; ++j) {
+        const int64_t p = n * C * nsub + j;
+        const double len = static_cast<double>(std::min(S, (j + 1) * L) - j * L);
+        total.merge(len, &pmean[p], &pm2[p], nsub);
+      }
   }
-  mean.resize(C);
+  mean = total.mean;
   var.resize(C);
-  for (int64_t c = 0; c < C; ++c) {
-    mean[c] = total[c].mean;
-    var[c] = total[c].m2 / total[c].n;
-  }
+  for (int64_t c = 0; c < C; ++c) var[c] = total.m2[c] / total.n;
 }
 
 // Per-channel sums of dy and dy * (x - m) (both layouts), accumulated in chunks, totals in double.
