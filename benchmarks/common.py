@@ -92,10 +92,21 @@ def interleaved_ms(fns, rounds=7, per_round=0.08, pause=0.2):
 
 def copy_bandwidth_gbs(numel, dtype=torch.float32):
     """Measured bytes/s (read + write) of a plain tensor copy of this many elements."""
+    fn = copy_fn(numel, dtype)
+    return copy_gbs(numel, median_ms(fn), dtype)
+
+
+def copy_fn(numel, dtype=torch.float32):
+    """A callable copying `numel` elements between two tensors of their own (to time beside an
+    op in interleaved rounds; see copy_gbs)."""
     src = torch.randn(numel).to(dtype)
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    return lambda: dst.copy_(src)
+
+
+def copy_gbs(numel, ms, dtype=torch.float32):
+    """Bytes/s (read + write counted) of a copy of `numel` elements that took `ms`."""
+    return 2 * numel * torch.empty(0, dtype=dtype).element_size() / (ms * 1e-3) / 1e9
 
 
 def run_child(script, args, env_overrides):
