@@ -88,6 +88,27 @@ def test_channel_counts_and_chunking(C, dtype):
                 assert ((o.double() - e).abs() <= tol * mag).all(), (fmt, training)
 
 
+@pytest.mark.parametrize("fmt,shape", [
+    ("NCHW", (3, 5, 150, 130)),    # planes of 19500: parts of 16384 and 3116 elements
+    ("NCDHW", (2, 3, 4, 70, 70)),  # planes of 19600 over 3 spatial dims
+    ("NHWC", (2, 33, 45, 515)),    # 2970 rows in chunks of 31, the last of 25
+])
+def test_statistics_merge_parts_of_unequal_size(fmt, shape):
+    # The statistics are per-part moments merged with Chan's formula, for all channels at once:
+    # channels-first planes split into parts of unequal size, channels-last chunks with a short
+    # last one. Checked against float64 statistics computed directly.
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(shape, generator=g) * 3 + 5
+    cdim = 1 if fmt.startswith("NC") else x.dim() - 1
+    C = shape[cdim]
+    out = T.fused_batch_norm_v3(x, torch.ones(C), torch.zeros(C), epsilon=1e-3, data_format=fmt)
+    dims = [d for d in range(x.dim()) if d != cdim]
+    xd = x.double()
+    assert rel_err(out[1].double(), xd.mean(dims)) < 1e-6  # batch_mean
+    assert rel_err(out[2].double(), xd.var(dims, unbiased=True)) < 1e-5  # batch_variance
+    assert rel_err(out[4].double(), xd.var(dims, unbiased=False)) < 1e-5  # reserve_space_2
+
+
 def test_large_mean_no_cancellation():
     # E[x^2]-E[x]^2 in float32 would return garbage (even negative variance) here.
     x = 1e4 + torch.randn(8, 32, 32, 16, dtype=torch.float64)
