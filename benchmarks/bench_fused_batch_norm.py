@@ -5,7 +5,7 @@ PyTorch's native_batch_norm(_backward) on the same data as a channels_last tenso
 Peers are timed in interleaved rounds (median of round medians). Prints ms, the ratio of ours to
 the fastest peer, and our effective bandwidth (minimal traffic: forward reads x and writes y,
 grad reads x and dy and writes dx) against two plain copies timed in the same rounds:
-- "copy": a copy of one tensor of the shape (the yardstick of issue 2's 60% target). At 12.8 MB
+- "copy": a copy of one tensor of the shape (the yardstick of the 60%-of-copy target). At 12.8 MB
   its source and destination fit in the L3 together, while the grad's x, dy and dx do not.
 - "same-traffic copy": a copy that moves the op's counted bytes (forward: the same copy; grad:
   1.5 tensors each way), i.e. the same footprint, so both meet the same caches.
