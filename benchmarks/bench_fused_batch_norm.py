@@ -85,7 +85,8 @@ def main():
     for shape in SHAPES:
         numel = math.prod(shape)
         # Copies of 2/2 and 3/2 tensors: the forward's and the grad's counted traffic.
-        copies = {("copy", traffic): common.copy_fn(numel * traffic // 2) for traffic in (2, 3)}
+        copy_numel = {traffic: numel * traffic // 2 for traffic in (2, 3)}
+        copies = {("copy", k): common.copy_fn(n) for k, n in copy_numel.items()}
         t = common.interleaved_ms({**peer_fns(shape, T=T, tf=tf), **copies})
         tfe = eigen.get(str(shape), [nan] * len(OPS))
         bw = common.copy_gbs(numel, t[("copy", 2)])
@@ -93,7 +94,7 @@ def main():
             ours, pt, tfd = t[("ours", op)], t[("torch", op)], t.get(("tf", op), nan)
             best = min(v for v in (tfd, tfe[i], pt) if v == v)
             gbs = traffic * numel * 4 / (ours * 1e-3) / 1e9
-            bw_same = common.copy_gbs(numel * traffic // 2, t[("copy", traffic)])
+            bw_same = common.copy_gbs(copy_numel[traffic], t[("copy", traffic)])
             rows.append(["x".join(map(str, shape)), op, common.fmt_ms(ours), common.fmt_ms(tfd),
                          common.fmt_ms(tfe[i]), common.fmt_ms(pt), f"{ours / best:.2f}",
                          f"{gbs:.1f}", f"{bw:.1f}", f"{100 * gbs / bw:.0f}%",
