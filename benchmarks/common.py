@@ -104,6 +104,24 @@ def copy_fn(numel, dtype=torch.float32):
     return lambda: dst.copy_(src)
 
 
+def last_level_cache_bytes(default=32 << 20):
+    """The largest CPU cache's size from Linux sysfs (the L3 on x86), else `default`."""
+    import glob
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with open(path) as f:
+            text = f.read().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KM")) * scale)
+    return max(sizes, default=default)
+
+
+def dram_copy_numel(dtype=torch.float32):
+    """Elements per array of a copy that measures memory bandwidth, not a cache's: STREAM's rule,
+    each array at least 4 times the last-level cache."""
+    return 4 * last_level_cache_bytes() // torch.empty(0, dtype=dtype).element_size()
+
+
 def copy_gbs(numel, ms, dtype=torch.float32):
     """Bytes/s (read + write counted) of a copy of `numel` elements that took `ms`."""
     return 2 * numel * torch.empty(0, dtype=dtype).element_size() / (ms * 1e-3) / 1e9
