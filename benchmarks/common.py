@@ -3,6 +3,7 @@ its Eigen path in a child process, and table printing.
 
 Benchmarks are never timed tests: they print numbers, they do not assert them.
 """
+import glob
 import json
 import os
 import statistics
@@ -106,7 +107,6 @@ def copy_fn(numel, dtype=torch.float32):
 
 def last_level_cache_bytes(default=32 << 20):
     """The largest CPU cache's size from Linux sysfs (the L3 on x86), else `default`."""
-    import glob
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         with open(path) as f:
