@@ -119,12 +119,12 @@ def last_level_cache_bytes(default=32 << 20):
 def dram_copy_numel(dtype=torch.float32):
     """Elements per array of a copy that measures memory bandwidth, not a cache's: STREAM's rule,
     each array at least 4 times the last-level cache."""
-    return 4 * last_level_cache_bytes() // torch.empty(0, dtype=dtype).element_size()
+    return 4 * last_level_cache_bytes() // dtype.itemsize
 
 
 def copy_gbs(numel, ms, dtype=torch.float32):
     """Bytes/s (read + write counted) of a copy of `numel` elements that took `ms`."""
-    return 2 * numel * torch.empty(0, dtype=dtype).element_size() / (ms * 1e-3) / 1e9
+    return 2 * numel * dtype.itemsize / (ms * 1e-3) / 1e9
 
 
 def run_child(script, args, env_overrides):

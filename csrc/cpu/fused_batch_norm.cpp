@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/fused_batch_norm.h"
@@ -448,7 +449,7 @@ void batch_moments(const ChannelLayout& l, const scalar_t* x, std::vector<double
         total.merge(len, &pmean[p], &pm2[p], nsub);
       }
   }
-  mean = total.mean;
+  mean = std::move(total.mean);
   var.resize(C);
   for (int64_t c = 0; c < C; ++c) var[c] = total.m2[c] / total.n;
 }
