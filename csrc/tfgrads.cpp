@@ -1,7 +1,7 @@
 // The one schema library of torch_tfgrads: every op's signature, defined once, in TensorFlow's
-// argument order with TensorFlow's defaults (../shared/API.md is the contract). Kernels register
+// argument order with TensorFlow's defaults (docs/ops/<family>.md is the contract). Kernels register
 // per backend in csrc/cpu/*.cpp and csrc/cuda/*.cu; fake kernels and autograd formulas live in
-// Python (torch_tfgrads/_meta.py, torch_tfgrads/_autograd.py).
+// Python (torch_tfgrads/ops/<family>.py).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -15,10 +15,12 @@ PyObject* PyInit__C(void) {
 }
 
 TORCH_LIBRARY(tfgrads, m) {
-  // Fake kernels must all live in this module (torch enforces it, see extension_style.md P10).
-  m.set_python_module("torch_tfgrads._meta");
+  // Each family's fake kernels live in its Python module: set_python_module applies to the defs
+  // that follow it, and torch checks that the fake was registered from exactly that module (so
+  // a FakeTensor call without `import torch_tfgrads` imports the right one).
 
   // ---- FusedBatchNorm family ------------------------------------------------------------
+  m.set_python_module("torch_tfgrads.ops.fused_batch_norm");
   // tf.raw_ops.FusedBatchNormV3. reserve_space_1/2 = batch mean / biased batch variance on
   // every device (TF's CPU convention); in inference they are copies of mean/variance (TF's
   // Eigen kernel leaves them uninitialised). reserve_space_3 is a zero scalar.
@@ -38,6 +40,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "Tensor reserve_space_4, Tensor reserve_space_5)");
 
   // ---- FractionalPool family -------------------------------------------------------------
+  m.set_python_module("torch_tfgrads.ops.fractional_pool");
   // tf.raw_ops.FractionalAvgPool / FractionalMaxPool on NHWC `value`. The sequences (int64,
   // out_rows+1 and out_cols+1 elements, on value's device) are TF's for any nonzero seed pair;
   // seeds (0, 0) are drawn from torch's default CPU generator (hence the seeded tag: the op
@@ -79,6 +82,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "Tensor");
 
   // ---- DepthwiseConv2dNative family -------------------------------------------------------
+  m.set_python_module("torch_tfgrads.ops.depthwise_conv2d");
   // tf.raw_ops.DepthwiseConv2dNative{,BackpropInput,BackpropFilter}. filter is always
   // [fh, fw, C, M]; output channel c*M+m reads input channel c. Unlike TF's CPU kernels: any
   // row/column strides, dilations honoured by all three ops (TF's backprops ignore them), NCHW
@@ -97,6 +101,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
 
   // ---- CudnnRNN family ----------------------------------------------------------------------
+  m.set_python_module("torch_tfgrads.ops.cudnn_rnn");
   // tf.raw_ops.CudnnRNNCanonicalToParamsV2 / CudnnRNNParamsToCanonicalV2 (the size attrs are
   // ints here, TF's are host int32 tensors). Opaque layout per pseudo-layer: gate input
   // matrices, gate recurrent matrices, input biases, recurrent biases, projection.

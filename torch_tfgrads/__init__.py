@@ -1,27 +1,49 @@
 """torch_tfgrads: TensorFlow's training ops, with TensorFlow's exact forward and gradient
 semantics, as PyTorch custom ops (`torch.ops.tfgrads.*`) that work with autograd,
-`torch.compile` and `torch.export`.
+`torch.compile`, `torch.export` and AOTInductor.
 
 Import order matters: torch first, then the extension (its static initialisers define the
-ops), then the fake kernels and autograd formulas that attach to those ops.
+ops), then the families' fake kernels and autograd formulas that attach to those ops.
 """
 import torch  # noqa: F401  (the extension links against the already-loaded torch)
 
-from . import _loader  # noqa: F401  (checks the build matches this CPU, then loads _C)
-from . import _meta  # noqa: F401
-from . import _autograd  # noqa: F401
+from . import _loader  # noqa: F401  (checks the build matches this CPU and torch, loads _C)
 from . import nn
-from .ops import (cudnn_rnn_backprop_v3, cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_size,
-                  cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3, depthwise_conv2d_native, depthwise_conv2d_native_backprop_filter,
-                  depthwise_conv2d_native_backprop_input, fractional_avg_pool, fractional_avg_pool_grad, fractional_max_pool,
-                  fractional_max_pool_grad, fractional_pooling_sequence,
-                  fused_batch_norm_grad_v3, fused_batch_norm_v3)
+from ._version import __version__
+from .ops import (
+    cudnn_rnn_backprop_v3,
+    cudnn_rnn_canonical_to_params_v2,
+    cudnn_rnn_params_size,
+    cudnn_rnn_params_to_canonical_v2,
+    cudnn_rnn_v3,
+    depthwise_conv2d_native,
+    depthwise_conv2d_native_backprop_filter,
+    depthwise_conv2d_native_backprop_input,
+    fractional_avg_pool,
+    fractional_avg_pool_grad,
+    fractional_max_pool,
+    fractional_max_pool_grad,
+    fractional_pooling_sequence,
+    fused_batch_norm_grad_v3,
+    fused_batch_norm_v3,
+)
 
-__version__ = "0.1.0"
-
-__all__ = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3", "fractional_avg_pool",
-           "fractional_avg_pool_grad", "fractional_max_pool", "fractional_max_pool_grad",
-           "fractional_pooling_sequence", "depthwise_conv2d_native",
-           "depthwise_conv2d_native_backprop_input", "depthwise_conv2d_native_backprop_filter",
-           "cudnn_rnn_params_size", "cudnn_rnn_canonical_to_params_v2",
-           "cudnn_rnn_params_to_canonical_v2", "cudnn_rnn_v3", "cudnn_rnn_backprop_v3", "nn"]
+__all__ = [
+    "__version__",
+    "fused_batch_norm_v3",
+    "fused_batch_norm_grad_v3",
+    "fractional_avg_pool",
+    "fractional_avg_pool_grad",
+    "fractional_max_pool",
+    "fractional_max_pool_grad",
+    "fractional_pooling_sequence",
+    "depthwise_conv2d_native",
+    "depthwise_conv2d_native_backprop_input",
+    "depthwise_conv2d_native_backprop_filter",
+    "cudnn_rnn_params_size",
+    "cudnn_rnn_canonical_to_params_v2",
+    "cudnn_rnn_params_to_canonical_v2",
+    "cudnn_rnn_v3",
+    "cudnn_rnn_backprop_v3",
+    "nn",
+]

@@ -1,7 +1,7 @@
 """Modules with TensorFlow/Keras defaults, for people porting TF models."""
-from .batch_norm import FusedBatchNorm
+from .fused_batch_norm import FusedBatchNorm
 from .cudnn_rnn import CudnnGRU, CudnnLSTM, CudnnRNNRelu, CudnnRNNTanh
-from .depthwise_conv import DepthwiseConv2d
+from .depthwise_conv2d import DepthwiseConv2d
 from .fractional_pool import FractionalAvgPool2d, FractionalMaxPool2d
 
 __all__ = ["FusedBatchNorm", "DepthwiseConv2d", "FractionalAvgPool2d", "FractionalMaxPool2d",

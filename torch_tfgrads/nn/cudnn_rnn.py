@@ -6,12 +6,13 @@ import math
 
 import torch
 
-from .._rnn_config import RnnConfig
+from ..ops.cudnn_rnn_config import RnnConfig
 from ..ops import cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3
+from ._checks import check_input
 
 
 # cuDNN's GRU gates r, z, h are Keras's gates 1, 0, 2 (Keras orders z, r, h; its cuDNN path
-# swaps them, spec B9); the swap is its own inverse, so the same list maps back.
+# swaps them when it builds the cuDNN buffer); the swap is its own inverse, so the same list maps back.
 _KERAS_GATE_ORDER = {"gru": [1, 0, 2]}
 
 
@@ -106,6 +107,14 @@ class _CudnnRNN(torch.nn.Module):
         whenever autograd will need one, in train or eval mode.
         """
         cfg = self._cfg
+        name = type(self).__name__
+        layout = "[T, B, I]" if self.time_major else "[B, T, I]"
+        check_input(inputs.dim() == 3, lambda: (
+            f"{name}: the input must be 3-D {layout} (time_major={self.time_major}), got shape "
+            f"{list(inputs.shape)}"))
+        check_input(inputs.shape[2] == self.input_size, lambda: (
+            f"{name}: argument 'input_size' is {self.input_size}, but the input of shape "
+            f"{list(inputs.shape)} has {inputs.shape[2]} features on its last axis"))
         LD = cfg.L * cfg.D
         B = inputs.shape[1] if self.time_major else inputs.shape[0]
         state_shape = (lambda w: (LD, B, w)) if self.time_major else (lambda w: (B, LD, w))

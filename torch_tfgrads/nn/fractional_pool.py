@@ -2,6 +2,7 @@
 import torch
 
 from ..ops import fractional_avg_pool, fractional_max_pool
+from ._checks import check_input
 
 
 def _ratio4(pooling_ratio):
@@ -37,6 +38,9 @@ class _FractionalPool2d(torch.nn.Module):
                 f"overlapping={self.overlapping}, deterministic={self.deterministic}")
 
     def forward(self, x):
+        check_input(x.dim() == 4, lambda: (
+            f"{type(self).__name__}: the input must be 4-D NHWC, got shape {list(x.shape)} (for "
+            "NCHW use x.permute(0, 2, 3, 1))"))
         out, rows, cols = type(self)._op(
             x, self.pooling_ratio, self.pseudo_random, self.overlapping, self.deterministic,
             self.seed, self.seed2)

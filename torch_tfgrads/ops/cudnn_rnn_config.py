@@ -5,6 +5,8 @@ kernels, `cudnn_rnn_params_size` and the modules, and tests check that the two a
 """
 import torch
 
+from ._common import check_value
+
 GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
 _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 _DIRECTIONS = {"unidirectional": 1, "bidirectional": 2}
@@ -15,29 +17,29 @@ class RnnConfig:
 
     def __init__(self, op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
                  num_proj):
-        torch._check_value(rnn_mode in GATES, lambda: (
+        check_value(rnn_mode in GATES, lambda: (
             f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
             f"'{rnn_mode}'"))
-        torch._check_value(input_mode in _INPUT_MODES, lambda: (
+        check_value(input_mode in _INPUT_MODES, lambda: (
             f"{op}: argument 'input_mode' must be linear_input, skip_input or auto_select, got "
             f"'{input_mode}'"))
-        torch._check_value(direction in _DIRECTIONS, lambda: (
+        check_value(direction in _DIRECTIONS, lambda: (
             f"{op}: argument 'direction' must be unidirectional or bidirectional, got "
             f"'{direction}'"))
         self.mode, self.G, self.D = rnn_mode, GATES[rnn_mode], _DIRECTIONS[direction]
         self.L, self.U, self.I, self.P = num_layers, num_units, input_size, num_proj
-        torch._check_value(self.L >= 1, lambda: f"{op}: num_layers must be >= 1, got {self.L}")
-        torch._check_value(self.U >= 1, lambda: f"{op}: num_units must be >= 1, got {self.U}")
-        torch._check_value(self.I >= 1, lambda: f"{op}: input_size must be >= 1, got {self.I}")
-        torch._check_value(self.P >= 0, lambda: (
+        check_value(self.L >= 1, lambda: f"{op}: num_layers must be >= 1, got {self.L}")
+        check_value(self.U >= 1, lambda: f"{op}: num_units must be >= 1, got {self.U}")
+        check_value(self.I >= 1, lambda: f"{op}: input_size must be >= 1, got {self.I}")
+        check_value(self.P >= 0, lambda: (
             f"{op}: argument 'num_proj' must be >= 0, got {self.P}"))
-        torch._check_value(self.P == 0 or rnn_mode == "lstm", lambda: (
+        check_value(self.P == 0 or rnn_mode == "lstm", lambda: (
             f"{op}: argument 'num_proj' ({self.P}) is only supported with rnn_mode lstm"))
-        torch._check_value(self.P <= self.U, lambda: (
+        check_value(self.P <= self.U, lambda: (
             f"{op}: argument 'num_proj' ({self.P}) must not exceed num_units ({self.U})"))
         self.Hh = self.P if self.P else self.U
         if input_mode == "skip_input":
-            torch._check_value(self.I == self.U, lambda: (
+            check_value(self.I == self.U, lambda: (
                 f"{op}: input_mode skip_input adds the input to every gate, so input_size "
                 f"({self.I}) must equal num_units ({self.U})"))
         self.skip_input = input_mode == "skip_input" or (

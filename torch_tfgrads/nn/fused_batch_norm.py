@@ -2,6 +2,7 @@
 import torch
 
 from ..ops import fused_batch_norm_v3
+from ._checks import check_input
 
 _FORMATS = {"NHWC": 4, "NCHW": 4, "NDHWC": 5, "NCDHW": 5}
 
@@ -43,7 +44,19 @@ class FusedBatchNorm(torch.nn.Module):
         return (f"{self.num_features}, momentum={self.momentum}, epsilon={self.epsilon}, "
                 f"data_format={self.data_format!r}, center={self.center}, scale={self.scale}")
 
+    def _check_input(self, x):
+        rank = _FORMATS[self.data_format]
+        check_input(x.dim() == rank, lambda: (
+            f"FusedBatchNorm: argument 'data_format' is {self.data_format!r}, which takes "
+            f"{rank}-D input, but the input has shape {list(x.shape)}"))
+        cdim = 1 if self.data_format in ("NCHW", "NCDHW") else rank - 1
+        check_input(x.shape[cdim] == self.num_features, lambda: (
+            f"FusedBatchNorm: argument 'num_features' is {self.num_features}, but the input of "
+            f"shape {list(x.shape)} has {x.shape[cdim]} channels on axis {cdim} (the channel "
+            f"axis of data_format {self.data_format!r})"))
+
     def forward(self, x):
+        self._check_input(x)
         pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
 
         def param(p, fill):

@@ -4,6 +4,7 @@ import math
 import torch
 
 from ..ops import depthwise_conv2d_native
+from ._checks import check_input
 
 
 def _pair(v, name):
@@ -64,7 +65,18 @@ class DepthwiseConv2d(torch.nn.Module):
     def _attr4(self, pair):
         return [1, 1, *pair] if self.data_format == "channels_first" else [1, *pair, 1]
 
+    def _check_input(self, x):
+        check_input(x.dim() == 4, lambda: (
+            f"DepthwiseConv2d: the input must be 4-D ({self.data_format}), got shape "
+            f"{list(x.shape)}"))
+        cdim = 1 if self.data_format == "channels_first" else 3
+        check_input(x.shape[cdim] == self.in_channels, lambda: (
+            f"DepthwiseConv2d: argument 'in_channels' is {self.in_channels}, but the input of "
+            f"shape {list(x.shape)} has {x.shape[cdim]} channels on axis {cdim} (the channel "
+            f"axis of data_format {self.data_format!r})"))
+
     def forward(self, x):
+        self._check_input(x)
         fmt = "NCHW" if self.data_format == "channels_first" else "NHWC"
         y = depthwise_conv2d_native(x, self.depthwise_kernel, self._attr4(self.strides),
                                     self.padding, [], fmt, self._attr4(self.dilation_rate))

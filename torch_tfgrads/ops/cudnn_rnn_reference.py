@@ -66,7 +66,7 @@ def forward(cfg, x, h0, c0, params, lengths, time_major, masks):
     xt = x if time_major else x.transpose(0, 1)
     T, B = xt.shape[0], xt.shape[1]
     LD = cfg.L * cfg.D
-    h0 = h0.reshape(LD, B, cfg.Hh)  # TF's batch-major states are a reshape (spec B7)
+    h0 = h0.reshape(LD, B, cfg.Hh)  # TF's batch-major states are a reshape, not a transpose
     c0 = c0.reshape(LD, B, cfg.U) if cfg.lstm else None
     lens = lengths.to(device=x.device, dtype=torch.long)
     steps = torch.arange(T, device=x.device)
