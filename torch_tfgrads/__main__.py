@@ -1,4 +1,4 @@
-"""Command line: `python -m torch_tfgrads parity` (the main job) and `check-build`."""
+"""Command line: `python -m torch_tfgrads demo | parity | check-build`."""
 import argparse
 import sys
 
@@ -38,9 +38,15 @@ def main(argv=None):
     p.add_argument("--cases", type=int, default=24, help="random cases per family")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--family", action="append", help="only these families")
+    d = sub.add_parser("demo", help="the ops, a training step, torch.compile (+ parity with TF)")
+    d.add_argument("--parity-cases", type=int, default=8)
     c = sub.add_parser("check-build", help="show which kernels are compiled in")
     c.add_argument("--require-cuda", action="store_true")
     args = parser.parse_args(argv)
+    if args.cmd == "demo":
+        from torch_tfgrads.demo import run_demo
+
+        return run_demo(parity_cases=args.parity_cases)
     if args.cmd == "check-build":
         return _check_build(args.require_cuda)
     from torch_tfgrads.parity import run_parity

@@ -2,7 +2,7 @@
 torch tensors.
 
 TF's x86 wheels default to oneDNN kernels, whose numbers and output shapes differ slightly
-from the Eigen kernels that define the ops (spec README, fact 1). Our reference is the Eigen
+from the Eigen kernels that define the ops (docs/parity.md). Our reference is the Eigen
 path, so TF_ENABLE_ONEDNN_OPTS=0 must be set before TensorFlow is first imported.
 """
 import os

@@ -1,4 +1,4 @@
-"""CudnnRNN family in the parity command. TF 2.21 has no CPU kernel for these ops (spec B2), so
+"""CudnnRNN family in the parity command. TF 2.21 has no CPU kernel for these ops (every Cudnn* op raises NotFoundError on TF's CPU), so
 the oracles are torch.nn.LSTM/GRU/RNN in float64 with the opaque buffer mapped per the spec
 (every mode, layers, directions, projection, lengths, both layouts) and, for single layers,
 Keras 3 on TF's CPU kernels through the buffer Keras builds for CudnnRNNV3. Float32 results,
@@ -9,7 +9,7 @@ import torch
 
 import torch_tfgrads as T
 
-from . import Row, median_time_us
+from . import Row
 from .cudnn_rnn_keras import keras_rnn
 from .cudnn_rnn_torch import GATES, oracle
 
@@ -99,33 +99,6 @@ def _keras_errors(rng, seed):
     return errs
 
 
-def _timings(tf):
-    """Forward+backward of a 1-layer LSTM, (T,B,I,U) = (20,16,32,64) float32, vs Keras (in a
-    tf.function)."""
-    import os
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import keras
-    T_, B, I, U = 20, 16, 32, 64
-    layer = T.nn.CudnnLSTM(1, U, input_size=I, time_major=False)
-    x = torch.randn(B, T_, I, requires_grad=True)
-
-    def ours():
-        out, _ = layer(x)
-        out.sum().backward()
-    k = keras.layers.LSTM(U, return_sequences=True)
-    tx = tf.constant(x.detach().numpy())
-    k(tx)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            tape.watch(tx)
-            y = tf.reduce_sum(k(tx))
-        return tape.gradient(y, [tx] + k.trainable_variables)[0]
-
-    def theirs():
-        step().numpy()
-    return median_time_us(ours), median_time_us(theirs)
 
 
 def run(tf, n_cases, seed, log):
@@ -157,13 +130,9 @@ def run(tf, n_cases, seed, log):
     for op, err in _keras_errors(rng, seed).items():
         worst[op], counts[op] = err, 1
     log(f"{n_cases} random configurations (modes, layers, directions, projection, lengths, "
-        "layouts) vs torch.nn float64; single layers vs Keras 3 on TF; timing: 1-layer LSTM "
-        "forward+backward (20,16,32,64) vs Keras")
-    ours_us, keras_us = _timings(tf)
+        "layouts) vs torch.nn float64; single layers vs Keras 3 on TF")
     rows = []
     for k in sorted(worst):
-        timed = k == "cudnn_rnn_v3"
         tol = 0.0 if "params" in k else TOL
-        rows.append(Row(k, counts[k], worst[k], tol, ours_us if timed else float("nan"),
-                        keras_us if timed else float("nan")))
+        rows.append(Row(k, counts[k], worst[k], tol))
     return rows

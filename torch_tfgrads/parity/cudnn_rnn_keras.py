@@ -1,6 +1,6 @@
 """Keras 3 LSTM / GRU(reset_after) / SimpleRNN on TF's CPU kernels: the TensorFlow oracle of the
 CudnnRNN family (TF has no CPU kernel for the CudnnRNN ops themselves; Keras's cuDNN path calls
-CudnnRNNV3 with a buffer built from these weights, spec B9)."""
+CudnnRNNV3 with a buffer built from these weights, docs/ops/cudnn_rnn.md)."""
 import os
 
 import numpy as np

@@ -1,5 +1,5 @@
 """Oracle for the CudnnRNN family: torch.nn.LSTM/GRU/RNN in float64 with the opaque buffer
-mapped to torch's weights per the spec (B9), written independently of torch_tfgrads.nn.
+mapped to torch's weights as docs/ops/cudnn_rnn.md describes, written independently of torch_tfgrads.nn.
 
 Variable lengths go through pack_padded_sequence / pad_packed_sequence (zero padding, final
 states at each sequence's last step), batch-major states through TF's reshape (B7).

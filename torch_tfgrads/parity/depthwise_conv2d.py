@@ -6,8 +6,7 @@ import torch
 
 import torch_tfgrads as T
 
-from . import Row, median_time_us
-from ._tf import to_tf
+from . import Row
 from .depthwise_conv2d_cases import random_cases, reference
 from .depthwise_conv2d_tf import (tf_depthwise_conv2d_native,
                                   tf_depthwise_conv2d_native_backprop_filter,
@@ -49,26 +48,6 @@ def check_case(case, use_tf):
     return {op: rel_err(o, e) for op, o, e in zip(OPS, ours(case), oracle(case, use_tf))}
 
 
-def _timings(tf):
-    """NHWC 8x56x56x64, 3x3, SAME, stride 1, float32."""
-    x, f, dy = torch.randn(8, 56, 56, 64), torch.randn(3, 3, 64, 1), torch.randn(8, 56, 56, 64)
-    tx, tfl, tdy = to_tf(x), to_tf(f), to_tf(dy)
-    a = dict(strides=[1, 1, 1, 1], padding="SAME")
-    isz, fsz = tf.constant([8, 56, 56, 64], tf.int32), tf.constant([3, 3, 64, 1], tf.int32)
-    st = [1, 1, 1, 1]
-    return {
-        OPS[0]: (median_time_us(lambda: T.depthwise_conv2d_native(x, f, st, "SAME")),
-                 median_time_us(lambda: tf.raw_ops.DepthwiseConv2dNative(
-                     input=tx, filter=tfl, **a).numpy())),
-        OPS[1]: (median_time_us(lambda: T.depthwise_conv2d_native_backprop_input(
-                     x.shape, f, dy, st, "SAME")),
-                 median_time_us(lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
-                     input_sizes=isz, filter=tfl, out_backprop=tdy, **a).numpy())),
-        OPS[2]: (median_time_us(lambda: T.depthwise_conv2d_native_backprop_filter(
-                     x, f.shape, dy, st, "SAME")),
-                 median_time_us(lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-                     input=tx, filter_sizes=fsz, out_backprop=tdy, **a).numpy())),
-    }
 
 
 def run(tf, n_cases, seed, log):
@@ -82,13 +61,10 @@ def run(tf, n_cases, seed, log):
                 worst[key] = max(worst.get(key, 0.0), err / TOLERANCE[case.x.dtype])
                 counts[key] = counts.get(key, 0) + 1
     log(f"{2 * n_cases} TF cases (NHWC, equal strides, no dilation) and {2 * n_cases} reference "
-        "cases (dilations, unequal strides, NCHW); timing NHWC 8x56x56x64 3x3 SAME float32")
-    times = _timings(tf)
-    nan = (float("nan"), float("nan"))
+        "cases (dilations, unequal strides, NCHW)")
     rows = []
     for (op, dt, label) in sorted(worst):
         tol = TOLERANCE[getattr(torch, dt)]
-        timed = times.get(op, nan) if (dt == "float32" and label == "TF") else nan
         rows.append(Row(f"{op} [{dt}, {label}]", counts[(op, dt, label)],
-                        worst[(op, dt, label)] * tol, tol, *timed))
+                        worst[(op, dt, label)] * tol, tol))
     return rows

@@ -2,7 +2,7 @@
 the parity command.
 
 The reference is PyTorch's grouped convolution (groups=C) in float64 on explicitly padded input,
-with gradients from autograd (../shared/reference/depthwise_reference.py): the oracle wherever
+with gradients from autograd (a direct float64 loop): the oracle wherever
 TF cannot be one (dilations, NCHW, unequal strides: TF's CPU kernels refuse or get them wrong).
 """
 from dataclasses import dataclass

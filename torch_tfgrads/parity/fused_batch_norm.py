@@ -3,11 +3,10 @@ import torch
 
 import torch_tfgrads as T
 
-from . import Row, median_time_us
+from . import Row
 from .fused_batch_norm_cases import random_cases
 from .fused_batch_norm_tf import (tf_fused_batch_norm_grad_grad, tf_fused_batch_norm_grad_v3,
                                   tf_fused_batch_norm_v3)
-from ._tf import to_tf
 
 OPS = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -18,22 +17,6 @@ def _rel(a, b):
     return 0.0 if b.numel() == 0 else ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def _timings(tf):
-    """Our op vs TF's raw op on one NHWC 8x28x28x64 float32 training batch."""
-    x = torch.randn(8, 28, 28, 64)
-    s, o, e = torch.rand(64) + 0.5, torch.randn(64), torch.empty(0)
-    out = T.fused_batch_norm_v3(x, s, o)
-    dy = torch.randn_like(x)
-    tx, ts, to, te, tdy = to_tf(x), to_tf(s), to_tf(o), to_tf(e), to_tf(dy)
-    tr1, tr2, tr3 = to_tf(out[3]), to_tf(out[4]), to_tf(out[5])
-    fwd = (median_time_us(lambda: T.fused_batch_norm_v3(x, s, o)),
-           median_time_us(lambda: tf.raw_ops.FusedBatchNormV3(
-               x=tx, scale=ts, offset=to, mean=te, variance=te)[0].numpy()))
-    bwd = (median_time_us(lambda: T.fused_batch_norm_grad_v3(dy, x, s, out[3], out[4], out[5])),
-           median_time_us(lambda: tf.raw_ops.FusedBatchNormGradV3(
-               y_backprop=tdy, x=tx, scale=ts, reserve_space_1=tr1, reserve_space_2=tr2,
-               reserve_space_3=tr3)[0].numpy()))
-    return fwd, bwd
 
 
 def run(tf, n_cases, seed, log):
@@ -62,15 +45,11 @@ def run(tf, n_cases, seed, log):
             tgg = tf_fused_batch_norm_grad_grad(*gargs[:6], *up, *gargs[6:])
             note("gg", dt, max(_rel(a, b) for a, b in zip(gg, tgg)))
     log(f"{sum(counts['fwd'].values())} forward, {sum(counts['bwd'].values())} grad, "
-        f"{sum(counts['gg'].values())} second-order cases; timing NHWC 8x28x28x64 float32")
-    fwd_t, bwd_t = _timings(tf)
+        f"{sum(counts['gg'].values())} second-order cases")
     rows = []
     names = {"fwd": "fused_batch_norm_v3", "bwd": "fused_batch_norm_grad_v3",
              "gg": "fused_batch_norm_grad_v3 (2nd order)"}
     for kind in ("fwd", "bwd", "gg"):
         for dt, err in sorted(worst[kind].items(), key=lambda kv: str(kv[0])):
-            nan = (float("nan"), float("nan"))
-            times = {"fwd": fwd_t, "bwd": bwd_t}.get(kind, nan) if dt == torch.float32 else nan
-            rows.append(Row(f"{names[kind]} [{str(dt)[6:]}]", counts[kind][dt], err, TOL[dt],
-                            *times))
+            rows.append(Row(f"{names[kind]} [{str(dt)[6:]}]", counts[kind][dt], err, TOL[dt]))
     return rows
