@@ -15,6 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 SHAPES = [(50, 32, 128, 256), (100, 16, 64, 128), (20, 64, 256, 512)]
+# The tfgrads ops these rows time (tests/test_registry.py checks every op has a benchmark row).
+TIMED_OPS = ("cudnn_rnn_v3", "cudnn_rnn_backprop_v3", "cudnn_rnn_canonical_to_params_v2",
+             "cudnn_rnn_params_to_canonical_v2")
 MODES = ("lstm", "gru")
 DIRECTIONS = ("unidirectional", "bidirectional")
 
@@ -73,6 +76,28 @@ def gemm_flops(mode, shape, D):
     return 2 * 3 * fwd * D  # forward, data gradient, weight gradient
 
 
+def conversion_fns(T, mode, shape, direction):
+    """The params conversions against the torch equivalent: one cat of the flattened canonical
+    tensors (what packing torch.nn.LSTM's weights into one buffer costs) and its split."""
+    _, _, I, U = shape
+    n = T.cudnn_rnn_params_size(2, U, I, mode, direction=direction)
+    p = torch.randn(n)
+    G = 4 if mode == "lstm" else 3
+    LD = 2 * (2 if direction == "bidirectional" else 1)
+    w, b = T.cudnn_rnn_params_to_canonical_v2(2, U, I, p, LD * 2 * G, LD * 2 * G, mode,
+                                              direction=direction)
+    flat = w + b
+    sizes = [t.numel() for t in flat]
+    return {
+        "canonical_to_params": lambda: T.cudnn_rnn_canonical_to_params_v2(
+            2, U, I, w, b, mode, direction=direction),
+        "torch cat": lambda: torch.cat([t.reshape(-1) for t in flat]),
+        "params_to_canonical": lambda: T.cudnn_rnn_params_to_canonical_v2(
+            2, U, I, p, LD * 2 * G, LD * 2 * G, mode, direction=direction),
+        "torch split+clone": lambda: [t.clone() for t in p.split(sizes)],
+    }
+
+
 def main():
     import torch_tfgrads as T
     common.setup_process()
@@ -97,6 +122,21 @@ def main():
     common.print_table(["mode", "T,B,I,U", "dir", "ours", "torch", "Keras", "ours/best",
                         "ours GFLOP/s"], rows)
     print("Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF).")
+    rows = []
+    for mode in MODES:
+        for direction in DIRECTIONS:
+            shape = SHAPES[0]
+            t = common.interleaved_ms(conversion_fns(T, mode, shape, direction), rounds=5)
+            rows.append([mode, ",".join(map(str, shape[2:])), direction[:3] if direction[0] == "u"
+                         else "bi", common.fmt_ms(t["canonical_to_params"]),
+                         common.fmt_ms(t["torch cat"]),
+                         f"{t['canonical_to_params'] / t['torch cat']:.2f}",
+                         common.fmt_ms(t["params_to_canonical"]),
+                         common.fmt_ms(t["torch split+clone"]),
+                         f"{t['params_to_canonical'] / t['torch split+clone']:.2f}"])
+    print("\nParams conversions, 2 layers (I,U as above), ms:")
+    common.print_table(["mode", "I,U", "dir", "canonical->params", "torch cat", "ratio",
+                        "params->canonical", "torch split", "ratio"], rows)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+# The tfgrads ops these rows time (tests/test_registry.py checks every op has a benchmark row).
+TIMED_OPS = ("fractional_avg_pool", "fractional_max_pool", "fractional_avg_pool_grad",
+             "fractional_max_pool_grad")
 SHAPES = [(16, 64, 64, 32), (8, 112, 112, 16)]
 RATIOS = [1.44, 1.73]
 

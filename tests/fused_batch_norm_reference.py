@@ -1,4 +1,4 @@
-"""Float64 reference of TF's FusedBatchNormV3/GradV3 formulas (spec batchnorm_fracpool.md §3-§4)."""
+"""Float64 reference of TF's FusedBatchNormV3/GradV3 formulas (docs/ops/fused_batch_norm.md)."""
 import torch
 
 

@@ -189,7 +189,7 @@ def test_export_depthwise():
 
 
 def test_compile_depthwise_bad_stride_is_a_clean_error():
-    """TF's graph mode dies of SIGFPE on BackpropInput with strides [1,0,0,1] (spec C2 #7); a
+    """TF's graph mode dies of SIGFPE on BackpropInput with strides [1,0,0,1]; a
     compiled call must fail with the op's message instead (the fake checks before dividing)."""
     torch._dynamo.reset()
 

@@ -9,7 +9,7 @@ from torch.autograd import gradcheck, gradgradcheck
 import torch_tfgrads as T
 from torch_tfgrads.parity.cudnn_rnn_torch import GATES, oracle
 
-from conftest import DEVICES, rel_err
+from helpers import CUDA_DEVICES, DEVICES, rel_err
 
 
 class Case:
@@ -36,7 +36,7 @@ class Case:
         h = torch.randn(LD, self.B, self.Hh, generator=g, dtype=torch.float64) * 0.5
         c = torch.randn(LD, self.B, self.U, generator=g, dtype=torch.float64) * 0.5
         p = torch.randn(n, generator=g, dtype=torch.float64) * 0.4
-        if not self.time_major:  # the batch-major states are read as [L*D, B, H] (spec B7)
+        if not self.time_major:  # the batch-major states are read as [L*D, B, H] (a reshape, as TF does)
             x = x.transpose(0, 1).contiguous()
             h, c = h.reshape(self.B, LD, self.Hh), c.reshape(self.B, LD, self.U)
         lens = torch.tensor(self.lengths, dtype=torch.int32)
@@ -164,7 +164,7 @@ def test_padded_outputs_are_zero_and_states_taken_at_each_length():
 
 
 def test_batch_major_states_are_a_reshape_not_a_transpose():
-    # TF hands the [B, L*D, H] buffer to cuDNN as [L*D, B, H] (spec B7).
+    # TF hands the [B, L*D, H] buffer to cuDNN as [L*D, B, H] (a reshape, as TF does).
     tm = Case("gru", 2, 1, time_major=True)
     x, h, c, p, lens = tm.tensors()
     out, oh, _, _, _ = tm.run(x, h, c, p, lens)
@@ -446,40 +446,51 @@ def _op_samples():
         yield case, kw
 
 
-@pytest.mark.parametrize("requires_grad", [False, True])
-def test_opcheck(requires_grad):
-    for case, kw in _op_samples():
-        x, h, c, p, lens = case.tensors(torch.float32)
-        for t in (x, h, c, p):
-            t.requires_grad_(requires_grad)
-        attrs = dict(rnn_mode=case.mode, direction=case.direction, num_proj=case.P,
-                     time_major=case.time_major)
-        fwd_kw = dict(attrs, **kw)
-        if not fwd_kw.get("is_training", True):
-            # Differentiating an inference forward is an error (TF's ValueError, tested above).
-            utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-            torch.library.opcheck(torch.ops.tfgrads.cudnn_rnn_v3.default, (x, h, c, p, lens),
-                                  fwd_kw, test_utils=utils if requires_grad else
-                                  torch.library._OPCHECK_DEFAULT_UTILS)
-            continue
-        torch.library.opcheck(torch.ops.tfgrads.cudnn_rnn_v3.default, (x, h, c, p, lens),
-                              fwd_kw)
-        out, oh, oc, reserve, host = torch.ops.tfgrads.cudnn_rnn_v3(x, h, c, p, lens, **fwd_kw)
-        dy, dh, dc = (torch.randn_like(t).requires_grad_(requires_grad) for t in (out, oh, oc))
-        bw_kw = {k: v for k, v in fwd_kw.items() if k != "is_training"}
-        torch.library.opcheck(torch.ops.tfgrads.cudnn_rnn_backprop_v3.default,
-                              (x, h, c, p, lens, out.detach(), oh.detach(), oc.detach(), dy, dh,
-                               dc, reserve, host), bw_kw)
-        G = GATES[case.mode]
-        counts = (case.L * case.D * (2 * G + (1 if case.P else 0)), case.L * case.D * 2 * G)
-        conv = dict(rnn_mode=case.mode, direction=case.direction, num_proj=case.P)
-        torch.library.opcheck(torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2.default,
-                              (case.L, case.U, case.I, p, *counts), conv)
-        w, b = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2(case.L, case.U, case.I,
-                                                                  p.detach(), *counts, **conv)
-        w = [t.requires_grad_(requires_grad) for t in w]
-        torch.library.opcheck(torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2.default,
-                              (case.L, case.U, case.I, w, b), conv)
+# Differentiating an inference forward is an error (TF's ValueError, tested above), so the
+# autograd utilities of opcheck do not apply to it.
+_INFERENCE_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def opcheck_samples():
+    """(op name, args, kwargs) for test_opcheck (and tests/test_registry.py); kwargs may hold
+    opcheck's own `test_utils`."""
+    for requires_grad in (False, True):
+        for case, kw in _op_samples():
+            x, h, c, p, lens = case.tensors(torch.float32)
+            for t in (x, h, c, p):
+                t.requires_grad_(requires_grad)
+            attrs = dict(rnn_mode=case.mode, direction=case.direction, num_proj=case.P,
+                         time_major=case.time_major)
+            fwd_kw = dict(attrs, **kw)
+            if not fwd_kw.get("is_training", True):
+                utils = _INFERENCE_UTILS if requires_grad else None
+                yield "cudnn_rnn_v3", (x, h, c, p, lens), dict(fwd_kw, test_utils=utils)
+                continue
+            yield "cudnn_rnn_v3", (x, h, c, p, lens), fwd_kw
+            out, oh, oc, reserve, host = torch.ops.tfgrads.cudnn_rnn_v3(x, h, c, p, lens,
+                                                                        **fwd_kw)
+            dy, dh, dc = (torch.randn_like(t).requires_grad_(requires_grad)
+                          for t in (out, oh, oc))
+            bw_kw = {k: v for k, v in fwd_kw.items() if k != "is_training"}
+            yield "cudnn_rnn_backprop_v3", (x, h, c, p, lens, out.detach(), oh.detach(),
+                                            oc.detach(), dy, dh, dc, reserve, host), bw_kw
+            G = GATES[case.mode]
+            counts = (case.L * case.D * (2 * G + (1 if case.P else 0)), case.L * case.D * 2 * G)
+            conv = dict(rnn_mode=case.mode, direction=case.direction, num_proj=case.P)
+            yield "cudnn_rnn_params_to_canonical_v2", (case.L, case.U, case.I, p, *counts), conv
+            w, b = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2(
+                case.L, case.U, case.I, p.detach(), *counts, **conv)
+            w = [t.requires_grad_(requires_grad) for t in w]
+            yield "cudnn_rnn_canonical_to_params_v2", (case.L, case.U, case.I, w, b), conv
+
+
+@pytest.mark.parametrize("sample", list(opcheck_samples()), ids=lambda s: s[0])
+def test_opcheck(sample):
+    name, args, kwargs = sample
+    kwargs = dict(kwargs)
+    utils = kwargs.pop("test_utils", None) or torch.library._OPCHECK_DEFAULT_UTILS
+    torch.library.opcheck(getattr(torch.ops.tfgrads, name).default, args, kwargs,
+                          test_utils=utils)
 
 
 # ---- modules -------------------------------------------------------------------------------------
@@ -525,7 +536,7 @@ def test_module_training_eval_and_canonical_weights():
 
 
 # ---- CUDA against CPU ----------------------------------------------------------------------------
-@pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"])
+@pytest.mark.parametrize("device", CUDA_DEVICES)
 @pytest.mark.parametrize("case", CASES[:5], ids=repr)
 def test_cuda_matches_cpu(case, device):
     cpu = case.tensors(torch.float64)

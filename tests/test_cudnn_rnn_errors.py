@@ -1,4 +1,4 @@
-"""Every CudnnRNN bad input of the spec (B8, B10, B11, C1 CVE-2021-41221, C3): a clear error
+"""Every CudnnRNN bad input of docs/ops/cudnn_rnn.md (TF's checks, CVE-2021-41221, ours): a clear error
 naming the argument, never a crash, in eager mode and (for shape errors) under FakeTensor."""
 import re
 

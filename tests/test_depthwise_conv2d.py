@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_tfgrads as T
-from conftest import DEVICES, needs_avx512, rel_err, results_at_avx2
+from helpers import DEVICES, needs_avx512, rel_err, results_at_avx2
 from torch_tfgrads.parity.depthwise_conv2d import check_case, ours
 from torch_tfgrads.parity.depthwise_conv2d_cases import Case, random_cases, reference
 
@@ -308,21 +308,22 @@ def test_forward_gradients_are_the_backprop_ops():
     assert rel_err(x.grad, dx) <= 1e-12 and rel_err(f.grad, df) <= 1e-12
 
 
-def _opcheck_samples():
+def opcheck_samples():
+    """(op name, args, kwargs) for test_opcheck (and tests/test_registry.py)."""
     for fmt in ("NHWC", "NCHW"):
         case = make_case(N=2, H=6, W=7, C=3, M=2, k=(3, 2), s=(2, 1), d=(1, 2), fmt=fmt)
         a = case.attrs()
         for rg in (False, True):
             x, f, dy = (t.clone().requires_grad_(rg) for t in (case.x, case.f, case.dy))
-            yield f"depthwise_conv2d_native-{fmt}", (x, f, *a)
-            yield f"depthwise_conv2d_native_backprop_input-{fmt}", (list(x.shape), f, dy, *a)
-            yield f"depthwise_conv2d_native_backprop_filter-{fmt}", (x, list(f.shape), dy, *a)
+            yield "depthwise_conv2d_native", (x, f, *a), {}
+            yield "depthwise_conv2d_native_backprop_input", (list(x.shape), f, dy, *a), {}
+            yield "depthwise_conv2d_native_backprop_filter", (x, list(f.shape), dy, *a), {}
 
 
-@pytest.mark.parametrize("sample", list(_opcheck_samples()), ids=lambda s: s[0])
+@pytest.mark.parametrize("sample", list(opcheck_samples()), ids=lambda s: f"{s[0]}-{s[1][-2]}")
 def test_opcheck(sample):
-    name, args = sample
-    torch.library.opcheck(getattr(OPS, name.split("-")[0]).default, args)
+    name, args, kwargs = sample
+    torch.library.opcheck(getattr(OPS, name).default, args, kwargs)
 
 
 # ---- module --------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """DepthwiseConv2dNative family against TensorFlow 2.21 itself (Eigen kernels): randomised
 configurations TF computes (NHWC, equal strides, no dilation), TF's dilation bug in the backprops,
-and every case of ../shared/reference/bad_inputs_depthwise.md run through both TF and us."""
+and every case of TF 2.21's bad-input table (docs/ops/depthwise_conv2d.md) run through both TF and us."""
 import re
 
 import pytest
 import torch
 
 import torch_tfgrads as T
-from conftest import rel_err
+from helpers import rel_err
 from torch_tfgrads.parity._tf import to_tf, to_torch
 from torch_tfgrads.parity.depthwise_conv2d import check_case
 from torch_tfgrads.parity.depthwise_conv2d_cases import Case, random_cases, reference

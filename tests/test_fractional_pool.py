@@ -1,18 +1,18 @@
 """FractionalPool family without TensorFlow: TF's verified seed table, the reference port of
-TF's generator and kernels (tests/tf_fractional_reference.py) bit for bit, TF's documented
+TF's generator and kernels (tests/fractional_pool_reference.py) bit for bit, TF's documented
 examples and tie rules, strides, dtypes, seeds, autograd (gradcheck/gradgradcheck), opcheck,
 modules and the CUDA kernels where a GPU is present."""
 import numpy as np
 import pytest
 import torch
 
-import tf_fractional_reference as R
+import fractional_pool_reference as R
 import torch_tfgrads as T
-from conftest import DEVICES, needs_avx512, results_at_avx2
+from helpers import DEVICES, needs_avx512, results_at_avx2
 
 OPS = torch.ops.tfgrads
 
-# TF 2.21's sequences for these seeds (spec §13.1, every row verified on TF).
+# TF 2.21's sequences for these seeds (every row verified on TF).
 SEED_TABLE = [
     (5, 5, 1.5, 1.5, False, 1, 1, [0, 2, 4, 5], [0, 2, 4, 5]),
     (5, 5, 1.5, 1.5, True, 1, 1, [0, 2, 3, 5], [0, 1, 3, 5]),
@@ -129,7 +129,7 @@ def test_half_types_accumulate_in_float(dtype):
 
 
 def test_tensorflow_doc_examples():
-    # The op docs' example, as verified on TF 2.21 (spec §8.6).
+    # The op docs' example, as verified on TF 2.21.
     v = torch.tensor([20.0, 5, 16, 3, 7]).reshape(1, 1, 5, 1)
     out, rows, cols = T.fractional_avg_pool(v, [1, 1, 2, 1], False, True, True, 1, 0)
     assert cols.tolist() == [0, 2, 5] and rows.tolist() == [0, 1]
@@ -144,7 +144,7 @@ def test_tensorflow_doc_examples():
     (True, [[0, 0, 0, 0], [0, 0, 39, 0], [0, 0, 0, 0], [6, 0, 21, 0]]),
 ])
 def test_max_grad_ties_like_tensorflow(overlapping, expected):
-    # TF's testWhenRepeatedMaxValueInPoolingRegion (spec §10.2).
+    # TF's testWhenRepeatedMaxValueInPoolingRegion.
     x = torch.tensor([[5, 4, 6, 7], [3, 5, 9, 6], [8, 8, 9, 5], [7, 4, 0, 0]], dtype=torch.float32)
     x = x.reshape(1, 4, 4, 1)
     rows, cols = [0, 1, 3, 4], [0, 2, 4]
@@ -163,7 +163,7 @@ def test_max_nan_and_integer_semantics():
     y = torch.tensor([3.0]).reshape(1, 1, 1, 1)
     with pytest.raises(RuntimeError, match="tensor_out_dup is not the same as tensor_out"):
         T.fractional_max_pool_grad(x, y, torch.ones(1, 1, 1, 1), [0, 2], [0, 2])
-    # int32: sums wrap, division truncates toward zero (spec §8.6).
+    # int32: sums wrap, division truncates toward zero.
     x = torch.tensor([-7, 0, 0, 0], dtype=torch.int32).reshape(1, 2, 2, 1)
     assert T.fractional_avg_pool(x, [1, 2, 2, 1], False, False, True, 1, 1)[0].item() == -1
     x = torch.full((1, 2, 2, 1), 2**30, dtype=torch.int32)
@@ -250,7 +250,13 @@ def test_sequences_are_not_differentiable():
     assert out.requires_grad and not rows.requires_grad and not cols.requires_grad
 
 
-def _opcheck_samples():
+def opcheck_samples():
+    """(op name, args, kwargs) for test_opcheck (and tests/test_registry.py)."""
+    for name, args in _op_samples():
+        yield name, args, {}
+
+
+def _op_samples():
     x = torch.randn(2, 8, 7, 5, dtype=torch.float64)
     ratio = [1.0, 1.5, 1.3, 1.0]
     for rg in (False, True):
@@ -270,10 +276,10 @@ def _opcheck_samples():
     yield "fractional_pooling_sequence", (17, 9, True, 5, 6)
 
 
-@pytest.mark.parametrize("sample", list(_opcheck_samples()), ids=lambda s: s[0])
+@pytest.mark.parametrize("sample", list(opcheck_samples()), ids=lambda s: s[0])
 def test_opcheck(sample):
-    name, args = sample
-    torch.library.opcheck(getattr(OPS, name).default, args)
+    name, args, kwargs = sample
+    torch.library.opcheck(getattr(OPS, name).default, args, kwargs)
 
 
 # ---- modules -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """FractionalPool family against TensorFlow 2.21 itself: hundreds of randomised cases (sequences,
 outputs and gradients bit-exact), and every fractional-pool bad input of
-../shared/reference/bad_inputs_batchnorm_fracpool.md run through both TF and us."""
+TF 2.21's bad-input table (docs/ops/fractional_pool.md) run through both TF and us."""
 import re
 
 import pytest

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
 
-import bn_reference as ref
+import fused_batch_norm_reference as ref
 import torch_tfgrads as T
-from conftest import DEVICES, rel_err
+from helpers import DEVICES, rel_err
 
 FORMATS_4D = ["NHWC", "NCHW"]
 FORMATS_5D = ["NDHWC", "NCDHW"]
@@ -252,7 +252,7 @@ def test_half_double_backward_matches_float32():
 
 
 # ---- opcheck -------------------------------------------------------------------------------------
-def opcheck_samples():
+def _bn_inputs():
     for fmt, shape, training, factor in [("NHWC", (2, 3, 4, 5), True, 1.0),
                                          ("NCHW", (2, 5, 3, 4), True, 0.5),
                                          ("NHWC", (2, 3, 4, 5), False, 1.0),
@@ -266,25 +266,27 @@ def opcheck_samples():
     yield x[:, :, ::2], scale, offset, mean, var, 1e-3, 1.0, "NCHW", True
 
 
-@pytest.mark.parametrize("requires_grad", [False, True])
-def test_opcheck_forward(requires_grad):
-    for args in opcheck_samples():
-        args = list(args)
-        for i in range(3):
-            args[i] = args[i].detach().requires_grad_(requires_grad)
-        torch.library.opcheck(torch.ops.tfgrads.fused_batch_norm_v3.default, tuple(args))
+def opcheck_samples():
+    """(op name, args, kwargs) for test_opcheck (and tests/test_registry.py)."""
+    for requires_grad in (False, True):
+        for x, scale, offset, mean, var, eps, factor, fmt, training in _bn_inputs():
+            x, scale, offset = (t.detach().requires_grad_(requires_grad)
+                                for t in (x, scale, offset))
+            yield "fused_batch_norm_v3", (x, scale, offset, mean, var, eps, factor, fmt,
+                                          training), {}
+            out = T.fused_batch_norm_v3(x.detach(), scale.detach(), offset.detach(), mean, var,
+                                        eps, factor, fmt, training)
+            rs1, rs2 = (out[3], out[4]) if training else (mean, var)
+            dy = torch.randn(x.shape).requires_grad_(requires_grad)
+            xs = x.detach().requires_grad_(requires_grad and not training)
+            yield "fused_batch_norm_grad_v3", (dy, xs, scale, rs1, rs2, out[5], eps, fmt,
+                                               training), {}
 
 
-@pytest.mark.parametrize("requires_grad", [False, True])
-def test_opcheck_grad(requires_grad):
-    for x, scale, offset, mean, var, eps, factor, fmt, training in opcheck_samples():
-        out = T.fused_batch_norm_v3(x, scale, offset, mean, var, eps, factor, fmt, training)
-        rs1, rs2 = (out[3], out[4]) if training else (mean, var)
-        dy = torch.randn(x.shape).requires_grad_(requires_grad)
-        xs = x.detach().requires_grad_(requires_grad and not training)
-        s = scale.detach().requires_grad_(requires_grad)
-        torch.library.opcheck(torch.ops.tfgrads.fused_batch_norm_grad_v3.default,
-                              (dy, xs, s, rs1, rs2, out[5], eps, fmt, training))
+@pytest.mark.parametrize("sample", list(opcheck_samples()), ids=lambda s: s[0])
+def test_opcheck(sample):
+    name, args, kwargs = sample
+    torch.library.opcheck(getattr(torch.ops.tfgrads, name).default, args, kwargs)
 
 
 # ---- module ----------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """fused_batch_norm_v3 / _grad_v3 against TensorFlow 2.21 itself (Eigen path): randomised
 parity of every output and of the second-order gradient, and every FusedBatchNorm bad input of
-../shared/reference/bad_inputs_batchnorm_fracpool.md run through both TF and us."""
+TF 2.21's bad-input table (docs/ops/fused_batch_norm.md) run through both TF and us."""
 import re
 
 import pytest
 import torch
 
 import torch_tfgrads as T
-from conftest import rel_err
+from helpers import rel_err
 from torch_tfgrads.parity.fused_batch_norm_tf import (tf_fused_batch_norm_grad_grad,
                                                       tf_fused_batch_norm_grad_v3,
                                                       tf_fused_batch_norm_v3)
