@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `make gpu-test`: the CUDA half verified in one command, on a machine that already has a CUDA
+# build of torch in its python, nvcc and no network (nothing is installed).
+#   1. builds the extension in place with FORCE_CUDA=1 for the visible GPU's architecture
+#   2. python -m torch_tfgrads check-build --require-cuda
+#   3. every CUDA test (pytest -m needs_cuda) with TFGRADS_REQUIRE_CUDA=1: a missing GPU or
+#      missing CUDA kernels fail instead of skipping
+#   4. compute-sanitizer memcheck and racecheck over tools/cuda_smoke.py (every CUDA kernel
+#      once, with multi-block shapes)
+# It writes summary.txt and one log per step into GPU_REPORT_DIR (default build/gpu-report) and
+# exits non-zero if any step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+REPORT=${GPU_REPORT_DIR:-build/gpu-report}
+mkdir -p "$REPORT"
+SUMMARY="$REPORT/summary.txt"
+: > "$SUMMARY"
+failed=0
+
+step() {  # step NAME COMMAND...: runs COMMAND, logs to $REPORT/NAME.log, records the outcome
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name: $*" | tee -a "$SUMMARY"
+  if "$@" > "$REPORT/$name.log" 2>&1; then
+    echo "   ok ($((SECONDS - t0)) s)" | tee -a "$SUMMARY"
+  else
+    echo "   FAILED ($((SECONDS - t0)) s), see $REPORT/$name.log; its tail:" | tee -a "$SUMMARY"
+    tail -n 15 "$REPORT/$name.log" | sed 's/^/   | /' | tee -a "$SUMMARY"
+    failed=1
+  fi
+}
+
+{
+  echo "torch_tfgrads GPU test kit, $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
+    || echo "nvidia-smi: not available"
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| CUDA', torch.version.cuda, '| GPU visible:', torch.cuda.is_available())"
+  echo "nvcc: $(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || echo missing)"
+} | tee -a "$SUMMARY"
+
+ARCH=$("$PY" -c "import torch; c = torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')" 2>/dev/null)
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${ARCH:-9.0}}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
+step check-build "$PY" -m torch_tfgrads check-build --require-cuda
+step cuda-tests env TFGRADS_REQUIRE_CUDA=1 "$PY" -m pytest -q -m needs_cuda -p no:cacheprovider tests
+if command -v compute-sanitizer > /dev/null 2>&1; then
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" tools/cuda_smoke.py
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" tools/cuda_smoke.py
+else
+  echo "== compute-sanitizer: not found, memcheck/racecheck NOT run" | tee -a "$SUMMARY"
+  failed=1
+fi
+grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' | tee -a "$SUMMARY"
+echo "gpu-test: $([ $failed = 0 ] && echo OK || echo FAILED); report in $REPORT" | tee -a "$SUMMARY"
+exit $failed
