@@ -1,9 +1,9 @@
 // FractionalMaxPoolGrad, float, 16 channels per AVX-512 register (see the header). The
-// structure is MaxGradPass's (fractional_pool.cpp): disjoint cells write their elements straight
-// after their argmax sweep; overlapping cells keep a cell row's argmaxes in a two-row ring and
+// structure is MaxGradPass's (fractional_max_pool_grad.cpp): disjoint cells write their
+// elements straight after their argmax sweep; overlapping cells keep a cell row's argmaxes in a two-row ring and
 // gather each dx row once from the (at most 2x2) cells covering it. Everything after the
 // `#pragma GCC target` is compiled for AVX-512 and only called when avx512_enabled() says so.
-#include "cpu/fractional_max_grad_avx512.h"
+#include "cpu/fractional_max_pool_grad_avx512.h"
 
 #include <algorithm>
 
