@@ -1,6 +1,6 @@
 // The one schema library of torch_tfgrads: every op's signature, defined once, in TensorFlow's
-// argument order with TensorFlow's defaults (../shared/API.md is the contract). Kernels register
-// per backend in csrc/cpu/*.cpp and csrc/cuda/*.cu; fake kernels and autograd formulas live in
+// argument order with TensorFlow's defaults (each op is documented in docs/ops/<family>.md).
+// Kernels register per backend in csrc/cpu/*.cpp and csrc/cuda/*.cu; fake kernels and autograd formulas live in
 // Python (torch_tfgrads/_meta.py, torch_tfgrads/_autograd.py).
 #include <Python.h>
 #include <torch/library.h>
