@@ -44,12 +44,11 @@ bool threads_own_rows(int64_t B) {
   return nt == 1 || B >= kMinRows * nt;
 }
 
-// Units per block of the fused steps (0: the fused path does not apply). Measured with 2
-// threads: when a thread owns its rows, the LSTM forward's block GEMM (N = G*ub gate columns)
-// ran 4-16% faster at ub 64 than at 16 (128 no better) and the backward's (N = ub, K = G*U)
-// 1-3% faster at 64 than at 16; when the threads split the blocks, narrower blocks keep them
-// all busy (ub 8 for the LSTM forward, whose 32-column GEMM then fits its R panel in L1, was
-// 7% faster than 16). GRU's forward stays at 16 (48 columns; 24 were 12% slower, 96 no faster).
+// Units per block of the fused steps (0: the fused path does not apply). When a thread owns its
+// rows, wide blocks (ub 64) give the block GEMMs the most work per call (128 gains nothing
+// more); when the threads split the blocks, narrower ones keep them all busy (ub 8 for the
+// LSTM forward, whose 32-column GEMM then fits its R panel in L1). GRU's forward stays at 16
+// (48 gate columns; narrower is slower, wider no faster).
 int64_t unit_block(const Config& cfg, bool forward, bool own_rows) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
   const bool gru = cfg.mode == Mode::kGru;
@@ -77,9 +76,8 @@ void transpose_block(int64_t M, int64_t N, const float* src, int64_t ld_src, flo
     }
 }
 
-// The same in 64x64 blocks over the threads. ATen's transposing copies run on one thread at
-// ~3 GB/s here: in the weight gradients' GEMMs below they took ~20% of the GEMM's time (1.3 ms
-// of an LSTM backward at (50,32,128,256), 3 ms at (20,64,256,512)).
+// The same in 64x64 blocks over the threads. ATen's transposing copies run on one thread, far
+// below the memory bandwidth, and were a large part of the weight gradients' GEMMs below.
 void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
                int64_t ld_dst) {
   constexpr int64_t kBlock = 64;
@@ -95,7 +93,7 @@ void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* ds
 
 // The gate columns of block j as one [K, N = G*ub] operand: P[j][k][g][ul] = M[g*U + j*ub + ul][k]
 // for M = R or W ([GU, K], contiguous): an [ub, K] slice of M transposed per (j, g). (ATen's
-// permuted copy took 1.3 ms per forward call at (20,64,256,512).)
+// permuted copy is single-threaded and slow here.)
 at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
   const at::Tensor m = M.contiguous();
   const int64_t U = m.size(0) / G, K = m.size(1), nblk = U / ub, N = G * ub;
@@ -206,8 +204,8 @@ bool row_major(const at::Tensor& t) {
 
 // Without projected inputs (d.gx undefined), LSTM and the plain RNNs project each step's inputs
 // in the block GEMM too: buf = x_s Wp_j + h Rp_j, and the two biases are added as one. Then
-// the [T, B, G*U] projection is never written and read back: measured ~8% of an LSTM forward
-// at (50,32,128,256) (it left the caches between its GEMM and the steps). GRU keeps the
+// the [T, B, G*U] projection is never written and read back (it leaves the caches between its
+// GEMM and the steps). GRU keeps the
 // projection: its candidate gate needs the input part apart from the recurrent part.
 bool forward_direction(const Config& cfg, const DirectionForward& d) {
   const bool project = !d.gx.defined();
@@ -361,7 +359,7 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   if (lstm && cfg.T % 2) std::swap(dc_a, dc_b);  // the last step wrote dc_b
   if (dx && !blocks_split) *d.dx_done = true;
   // Gradients w.r.t. the initial states: through step 0 (dh0 = carry + dG_0 R; ATen's addmm
-  // took MKL's generic path, 0.7% of an LSTM step).
+  // takes MKL's generic path on this CPU).
   at::Tensor dh0 = d.dh0;
   const at::Tensor Rc = d.R.contiguous();
   if (row_major(dh0)) {

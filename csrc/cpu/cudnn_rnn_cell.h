@@ -93,7 +93,7 @@ struct FwdSeg {
 
 // Calls f(std::integral_constant<Mode, m>) for the runtime mode m, so that the cells below are
 // compiled per mode and inline into the step loops (the fused path calls them for one
-// vector of eight units per row: a call and a mode switch per vector were a third of it).
+// vector of eight units per row, where a call and a mode switch per vector dominate).
 template <typename F>
 void with_mode(Mode mode, const F& f) {
   switch (mode) {

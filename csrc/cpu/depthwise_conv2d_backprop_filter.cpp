@@ -199,8 +199,8 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   int64_t c = c0;
   // Where pixels alias in L1 (as in the correlation) each tap row takes the two-vector tiles
   // below, which use a source line whole before it can be evicted (the one-vector 3x3 tile was
-  // 8-10% slower on 14x14x512 and 28x28x256 in 8-lane vectors). A 16-lane vector is a whole
-  // line: the AVX-512 3x3 run takes every layer.
+  // slower there in 8-lane vectors). A 16-lane vector is a whole line: the AVX-512 3x3 run
+  // takes every layer.
   const bool aliasing = pixels_alias_in_l1<scalar_t>(C);
   const bool run_3x3 = NC == 3 && consecutive && rows.n == 3;
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
@@ -224,8 +224,8 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   }
 #endif
   if (run_3x3 && !aliasing) {
-    // 8- and 4-column tiles fully unrolled (in 8 lanes the run's loop was slower on them at
-    // 56x56x64), other lengths as a run: the same sums either way.
+    // 8- and 4-column tiles fully unrolled (in 8 lanes the run's loop was slower on them),
+    // other lengths as a run: the same sums either way.
     const auto* xr = rows.x;
     for (; c + L <= c1; c += L) {
       if (sW == 1 && len == 8)
@@ -303,15 +303,13 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   std::vector<A> part(static_cast<size_t>(chunks * F), A(0));
   // Source rows [first_new[i], last_src[i]] are those output row i reads that row i - 1 does
   // not (all of them for i = 0): the rows to prefetch one output row ahead. Prefetching all of
-  // the next row's tap rows instead, most of them already in cache, made the prefetches a third
-  // of the driver's samples; measured against it, this takes 0.86-0.98x the time at 12 of 13
-  // shapes (1.04 at 56x56x128 stride 2).
+  // the next row's tap rows instead, most of them already in cache, spent much of the driver's
+  // time on the prefetches themselves.
   const std::vector<int64_t> last_src = furthest_sources(rows, g.Ho);
   // Layers whose pixels alias in L1 (256 / 512 float channels: short rows of few pixels) take
   // the last 16 or fewer columns of a 3-tap run as one tile, which adds its sums into the
-  // partial once. Measured against 8 + 4 + rest, paired in one process: 28x28x256 stride 2
-  // (13 columns) 0.83-0.90x the time with AVX-512, 14x14x512 (12) 0.82x with AVX-512 and 0.90x
-  // with AVX2. (At 56x56x64 a 14-column tail in AVX2 took 1.13x the time of 8 + 4 + 2.)
+  // partial once, instead of tiles of 8 + 4 + rest. (On layers with longer rows such a tail is
+  // slower than 8 + 4 + rest, hence only where pixels alias.)
   const bool merge_3 = pixels_alias_in_l1<scalar_t>(C);
   std::vector<int64_t> first_new(g.Ho, g.H);
   for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
@@ -348,10 +346,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                      : rest >= 8                        ? 8
                      : rest >= 4                        ? 4
                                                         : rest;
-                // The next output row's new rows into L2. (The next tile of this row was also
-                // prefetched into L1 until measured on Zen 4, paired in one process: without
-                // it 0.79x the time at 32x56x56x64 (0.81x at AVX2), 0.84x at 16x112x112x32 5x5,
-                // 0.91x at 32x28x28x256 stride 2, 1.0x at 64x14x14x512.)
+                // The next output row's new rows into L2. (Also prefetching the next tile of
+                // this row into L1 made it slower or no faster at every shape tried.)
                 if (nr + 1 < R && fits && nc > 0) {
                   prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
                   for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)

@@ -145,8 +145,8 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
   const int uhi = Clip ? static_cast<int>(std::clamp<int64_t>(p.Ws - s0, ulo, U)) : U;
   // The channel loop below revisits each pixel with a stride the hardware prefetchers do not
   // follow: prefetch, over this tile's columns, the source rows the next destination row adds
-  // (from memory) into L2, one row of work ahead. (Measured: also prefetching the next tile into
-  // L1 does not pay, here or in the filter gradient.)
+  // (from memory) into L2, one row of work ahead. (Also prefetching the next tile into L1 does
+  // not pay, here or in the filter gradient.)
   const int64_t fresh = std::max<int64_t>(ulo, st.fresh);
   if (fresh < uhi)
     for (int64_t r = next.lo; r < next.hi; ++r)
@@ -341,8 +341,8 @@ bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
 
 // The pieces of every destination row, left to right within each column phase. Float layers
 // in whole vectors plan their tiles on the unclipped taps (p.vcols), so a row's border pixels
-// (SAME padding: 2 of 112 at each end for 5x5, which pixel by pixel took 17% of the forward's
-// time at 16x112x112x32) join the tiles as clipped ones; other layers, and columns whose
+// (SAME padding: 2 of 112 at each end for 5x5, a large share of the time when done pixel by
+// pixel) join the tiles as clipped ones; other layers, and columns whose
 // unclipped taps do not slide (dilation, over 5 taps), tile their in-bounds taps or go pixel by
 // pixel.
 template <typename scalar_t>
@@ -396,18 +396,16 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
                        std::max<int64_t>(1, p.cols->k.size() / std::max<int64_t>(1, p.Wd));
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, p.Wd * p.C * taps));
-  // Layers whose pixels alias in L1 use 4-column tiles (measured in cache, 14x14x512: 4-column
-  // tiles 1.06x PyTorch's time, 12-column 1.51x) of two channel vectors, which use each source
-  // line whole before it can be evicted (another 1.2x faster than one vector per step).
+  // Layers whose pixels alias in L1 use 4-column tiles (wider tiles evict their own source
+  // pixels) of two channel vectors, which use each source line whole before it can be evicted.
   const bool narrow_tiles = pixels_alias_in_l1<scalar_t>(p.C);
   // Large outputs (far beyond the caches, where a consumer could not find them anyway) are
   // written with non-temporal stores: no read-for-ownership of the output lines, no cache
   // pollution. Each row is computed into an L1/L2-resident buffer and streamed from there,
   // except where the tiles fill whole lines and stream straight from registers (p.stream; edge
   // pixels store normally): float layers with narrow tiles (two 8-lane vectors per step) and
-  // AVX-512 tiles (one 16-lane vector is a line; 0.86-0.89x the staged rows' time at
-  // 32x56x56x64 and 16x112x112x32). (Streaming 8-lane tiles directly, half lines at a time,
-  // made the 56x56x64 forward 2.5x slower.)
+  // AVX-512 tiles (one 16-lane vector is a line), which beat the staged rows. (Streaming 8-lane
+  // tiles directly, half lines at a time, is much slower.)
   const int64_t row_elems = p.Wd * p.C;
   const bool large = large_output(p);
   Correlation<scalar_t> pd = p;
@@ -416,9 +414,7 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   const bool streaming = large && !pd.stream;  // through the row buffer
   // A 16-lane vector is a whole line, so AVX-512 tiles need not be narrow where pixels alias in
   // L1: there, a 3-tap run of 13 or more columns (28x28x256 at stride 2: 13) starts with one
-  // 13-column tile instead of 4-column ones and a tile that recomputes 3 pixels. Paired in one
-  // process: 0.71-0.86x the time in four of six pairs at 32x28x28x256 stride 2, 1.09-1.10x in
-  // two taken in a slow phase of the host; 0.73-0.79x at N = 8.
+  // 13-column tile instead of 4-column ones and a tile that recomputes 3 pixels.
   const bool whole_13 = pd.wide && narrow_tiles;
   const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13);
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {

@@ -185,8 +185,8 @@ struct MaxGradPass {
 
   // One row of cells in order, channels [d0, d1), swept as cw_max columns. (Visiting
   // disjoint cells grouped by width instead, each group with its exact width, saves the
-  // repeated columns but was 1.5-2x slower on inputs beyond L2: the hardware prefetchers
-  // lose the row streams.)
+  // repeated columns but is slower on inputs beyond L2: the hardware prefetchers lose the row
+  // streams.)
   template <int RH, int CW>
   bool cells_of_row(int64_t b, int64_t i, int64_t d0, int64_t dv) const {
     bool ok = true;

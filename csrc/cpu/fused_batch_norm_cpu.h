@@ -39,9 +39,8 @@ acc_t hsum(const Vectorized<acc_t>& v) {
 // costs a load and a store beside each data vector, so a span of rows is cut into tiles that
 // stay in L1, and each tile is swept one block of at most NV channel vectors at a time with
 // that block's accumulators in registers. Each channel still sees its rows in order: the sums
-// are bit for bit those of a row-by-row loop. (Measured against row by row, interleaved:
-// training forward 0.6-0.95x the time at every benchmark shape; the gradient's sums
-// 0.7-0.9x up to 64 channels, slower above, where they stay row by row.)
+// are bit for bit those of a row-by-row loop. (The gradient's sums gain only up to 64
+// channels; above, they stay row by row.)
 
 // Rows per L1 tile: about 16 KiB of float per stream.
 inline int64_t tile_rows(int64_t C) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)); }
@@ -79,11 +78,11 @@ inline void put(scalar_t* p, const Vectorized<acc_t>& v) {
     Widen<scalar_t, acc_t>::store(p, v);
 }
 
-// The elementwise channels-last passes loop over a thread's rows inside one call (a call per
-// row through the span callback measured 1.2x slower for the forward at 32x28x28x64), reading
-// the coefficients from their L1-resident arrays: sweeping channel blocks down a tile instead,
-// with the coefficients in registers, reads memory in a strided order and measured slower (up
-// to 2x for the gradient, whose non-temporal stores then write partial lines).
+// The elementwise channels-last passes loop over a thread's rows inside one call (not a call
+// per row through the span callback), reading the coefficients from their L1-resident arrays:
+// sweeping channel blocks down a tile instead, with the coefficients in registers, reads memory
+// in a strided order and is slower (the gradient's non-temporal stores then write partial
+// lines).
 
 
 // Runs the elementwise pass in parallel chunks: rows(r0, r1) over spans of channels-last rows,

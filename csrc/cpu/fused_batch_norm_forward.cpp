@@ -109,11 +109,9 @@ void forward_kernel(bn::Forward& f, const at::Tensor& scale, const at::Tensor& o
   scalar_t* y = f.y_phys.data_ptr<scalar_t>();
   const int64_t S = f.layout.inner;
   // A large float y is written with non-temporal stores: no read-for-ownership of its lines,
-  // and the x this pass reads again (after the statistics) is not evicted by y. Measured,
-  // interleaved in one process, NHWC: 8x56x56x128 (y 12.8 MB) 0.66-0.74x the time,
-  // 16x112x112x32 0.71-1.0x; at 6.4 MB x and y both fit in the L3 and streaming y to memory
-  // took 1.2-1.5x the time, hence the 8 MiB threshold (twice the gradient's, whose dx shares
-  // the caches with two inputs).
+  // and the x this pass reads again (after the statistics) is not evicted by y. Where x and y
+  // both fit in the L3 (a few MB), streaming y to memory is slower, hence the 8 MiB threshold
+  // (twice the gradient's, whose dx shares the caches with two inputs).
   with_stream(can_stream(f.layout, y, f.y_phys.numel(), int64_t{8} << 20), [&](auto streamed) {
     constexpr bool kStream = decltype(streamed)::value;
     for_each_span(f.layout, [&](int64_t r0, int64_t r1) {
