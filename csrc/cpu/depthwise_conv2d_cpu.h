@@ -54,8 +54,8 @@ inline void prefetch_pixels(const T* first, int64_t n, int64_t C, int64_t c0, in
 
 // run[q]: how many destination columns q, q+qstep, ... have taps that are copies of q's taps
 // with sources shifted by sstep per step (q included).
-std::vector<int64_t> shifted_runs(const AxisTaps& cols, int64_t dst, int64_t qstep,
-                                  int64_t sstep) {
+inline std::vector<int64_t> shifted_runs(const AxisTaps& cols, int64_t dst, int64_t qstep,
+                                         int64_t sstep) {
   std::vector<int64_t> run(dst, 1);
   for (int64_t q = dst - 1 - qstep; q >= 0; --q) {
     const int64_t a = cols.offset[q], b = cols.offset[q + qstep], n = cols.count(q);
