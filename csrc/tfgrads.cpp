@@ -1,7 +1,7 @@
 // The one schema library of torch_tfgrads: every op's signature, defined once, in TensorFlow's
-// argument order with TensorFlow's defaults (docs/ops/<family>.md is the contract). Kernels register
-// per backend in csrc/cpu/*.cpp and csrc/cuda/*.cu; fake kernels and autograd formulas live in
-// Python (torch_tfgrads/ops/<family>.py).
+// argument order with TensorFlow's defaults (each op is documented in docs/ops/<family>.md).
+// Kernels register per backend in csrc/cpu/*.cpp and csrc/cuda/*.cu; fake kernels and autograd
+// formulas live in Python (torch_tfgrads/ops/<family>.py).
 #include <Python.h>
 #include <torch/library.h>
 

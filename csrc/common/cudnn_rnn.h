@@ -1,7 +1,7 @@
-// The CudnnRNN family (../shared/spec/depthwise_cudnn_rnn.md Part B): configuration, argument
+// The CudnnRNN family (docs/ops/cudnn_rnn.md): configuration, argument
 // checks, the opaque params layout and the device-independent driver of the forward and
 // backward passes. The driver does the GEMMs with ATen (MKL/oneDNN on CPU, cuBLAS on CUDA) and
-// calls a per-device fused cell kernel once per time step (csrc/cpu/cudnn_rnn.cpp,
+// calls a per-device fused cell kernel once per time step (csrc/cpu/cudnn_rnn_cell.h,
 // csrc/cuda/cudnn_rnn.cu).
 //
 // Internals are time-major: a batch-major input is transposed once on entry and the output
@@ -22,7 +22,7 @@ namespace cudnn_rnn {
 
 enum class Mode { kRnnRelu, kRnnTanh, kLstm, kGru };
 
-// Everything fixed by the attrs and the shapes. Notation of the spec: L layers, D directions,
+// Everything fixed by the attrs and the shapes. Notation: L layers, D directions,
 // T steps, B batch, I input size, U units, P projection (0: none), Hh = P ? P : U.
 struct Config {
   Mode mode = Mode::kLstm;
@@ -61,7 +61,8 @@ int64_t params_size(const Config& cfg);
 
 // Views into a flat opaque params buffer (or its gradient), for pseudo-layer p = layer*D + dir:
 // W = [W_0; ..; W_{G-1}] as [G*U, in] (undefined for skip_input's layer 0), R as [G*U, Hh],
-// bW and bR as [G*U], Wp as [P, U] (undefined without projection). Layout (API.md): per
+// bW and bR as [G*U], Wp as [P, U] (undefined without projection). Layout (TF's and cuDNN's
+// canonical order, docs/ops/cudnn_rnn.md): per
 // pseudo-layer the gate input matrices, the gate recurrent matrices, the input biases, the
 // recurrent biases, then the projection.
 struct LayerParams {
@@ -80,7 +81,8 @@ std::vector<std::vector<int64_t>> canonical_bias_shapes(const Config& cfg);
 // scale mask [T,B,D*Hh].
 int64_t reserve_elements(const Config& cfg, bool with_dropout);
 
-// Forward-op checks (spec B11, TF's messages, plus the checks TF lacks) -> the config.
+// Forward-op checks (TF's ExtractForwardInput, in its order with its messages, plus the checks
+// TF lacks) -> the config.
 Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& input_h,
                      const at::Tensor& input_c, const at::Tensor& params,
                      const at::Tensor& sequence_lengths, c10::string_view rnn_mode,

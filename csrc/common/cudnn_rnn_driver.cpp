@@ -124,7 +124,7 @@ struct Reserve {
 
 // Dropout between layers: inverted dropout (scale 1/(1-p)) drawn on the CPU, so the mask is
 // the same on every device; a nonzero (seed, seed2) fixes it, (0, 0) draws from torch's
-// default generator. cuDNN's own stream cannot be reproduced (spec B4).
+// default generator. cuDNN's own dropout stream cannot be reproduced.
 Tensor dropout_mask(const Config& cfg, double dropout, at::Generator& gen,
                     const at::TensorOptions& opts) {
   Tensor keep = at::empty({cfg.T, cfg.B, cfg.D * cfg.Hh}, at::kDouble);
@@ -169,7 +169,8 @@ void for_each_direction(const Config& cfg, const Tensor& like, const F& fn) {
 
 Tensor state_view(const Tensor& t, int64_t LD, int64_t B, int64_t width, at::ScalarType A) {
   // TF hands the [B, L*D, H] batch-major state buffer to cuDNN as [L*D, B, H]: a reshape, not
-  // a transpose (spec B7). For time-major tensors this is the identity.
+  // a transpose (TF's batch-major quirk for L*D > 1, docs/ops/cudnn_rnn.md). For time-major
+  // tensors this is the identity.
   return t.to(A).contiguous().view({LD, B, width});
 }
 
@@ -332,7 +333,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
                                    rnn_mode, input_mode, direction, dropout, num_proj,
                                    time_major);
   const int64_t T = cfg.T, B = cfg.B, LD = cfg.L * cfg.D, Hh = cfg.Hh, U = cfg.U;
-  // TF's backprop checks (spec B10), in its order.
+  // TF's backprop checks (CudnnRNNBackprop's), in its order.
   const std::vector<int64_t> out_shape = time_major ? std::vector<int64_t>{T, B, cfg.D * Hh}
                                                     : std::vector<int64_t>{B, T, cfg.D * Hh};
   check_shape(op, "output", output, out_shape, input);

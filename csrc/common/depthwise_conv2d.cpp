@@ -90,7 +90,7 @@ Attrs check_attrs(const char* op, c10::IntArrayRef strides, c10::string_view pad
   return a;
 }
 
-// The kernel rule of A3 (GetWindowedOutputSizeVerbose with dilation): C++ truncating division,
+// TF's kernel rule (GetWindowedOutputSizeVerbose with dilation): C++ truncating division,
 // so an input a little smaller than the window gives an empty output, not an error. 128-bit
 // arithmetic (here and in the tap lists): attrs and sizes are user data.
 int64_t window(const char* op, const char* arg, int64_t in, int64_t k, int64_t s, int64_t d,

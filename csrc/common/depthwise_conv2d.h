@@ -1,10 +1,11 @@
 // Argument checks and geometry shared by the CPU and CUDA kernels of the DepthwiseConv2dNative
-// family (../shared/spec/depthwise_cudnn_rnn.md Part A, Part C). Host side only.
+// family (docs/ops/depthwise_conv2d.md). Host side only.
 //
 // TF's Eigen-kernel checks with TF's messages (prefixed by op and argument), in TF's order,
 // except where we are deliberately more general: unequal row/column strides and dilations are
 // supported in all three ops (TF's backprops silently ignore dilations), NCHW runs everywhere.
-// Output sizes follow the kernel rule of A3 (C++ truncating division), with dilation.
+// Output sizes follow TF's kernel rule (GetWindowedOutputSizeVerbose: C++ truncating
+// division), with dilation.
 #pragma once
 
 #include <ATen/Dispatch.h>

@@ -82,7 +82,7 @@ std::string short_format(const std::vector<int64_t>& v, int64_t used) {
   return os.str();
 }
 
-// TF's clamped cell end (§8.6): overlapping cells include the next cell's first index.
+// TF's clamped cell end: overlapping cells include the next cell's first index.
 inline int64_t cell_end(const std::vector<int64_t>& seq, int64_t i, bool overlapping,
                         int64_t size) {
   return std::min(overlapping ? seq[i + 1] : seq[i + 1] - 1, size - 1);
@@ -99,7 +99,7 @@ void check_cells(const char* op, const char* name, const std::vector<int64_t>& s
               " (", size, "), got ", short_format(seq, cells + 1));
 }
 
-// TF's in-loop check of FractionalAvgPoolGrad (§9.1.8), with its loop order: row r's check,
+// TF's in-loop check of FractionalAvgPoolGrad (its last check), with its loop order: row r's check,
 // then every column's, then row r+1's. Only which message comes first matters.
 void check_not_negative_like_tf(const char* op, const std::vector<int64_t>& rows,
                                 const std::vector<int64_t>& cols, int64_t out_rows,
@@ -125,7 +125,7 @@ std::vector<int64_t> generate(int64_t n_in, int64_t n_out, philox::GuardedPhilox
   std::vector<int64_t> diff(n_out);
   const int64_t k = n_in / n_out;
   if (pseudo_random) {
-    // All in double, exactly as TF's GeneratePoolingSequence (§8.4).
+    // All in double, exactly as TF's GeneratePoolingSequence.
     const double alpha = static_cast<double>(n_in) / n_out;
     const double u_max1 = (k + 2) / alpha - 1;
     const double u_max2 = (n_in + 1 - k) / alpha - (n_out - 1);

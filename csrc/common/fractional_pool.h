@@ -1,5 +1,5 @@
 // Argument checks, pooling sequences and cell geometry shared by the CPU and CUDA kernels of
-// the FractionalPool family (../shared/spec/batchnorm_fracpool.md §7-§11). Everything here runs
+// the FractionalPool family (docs/ops/fractional_pool.md). Everything here runs
 // on the host: TF's checks in TF's order with TF's messages (prefixed by op and argument), plus
 // the checks TF lacks (the inputs that corrupt TF 2.21's heap), then a per-axis plan of the
 // pooling cells that every kernel indexes with.
@@ -56,7 +56,7 @@ struct PoolShape {
   int64_t N, H, W, C, out_h, out_w;
 };
 
-// FractionalAvgPool / FractionalMaxPool kernel-construction and Compute checks (§8.1-§8.2).
+// FractionalAvgPool / FractionalMaxPool kernel-construction and Compute checks, in TF's order.
 PoolShape check_pool(const char* op, bool is_max, const at::Tensor& value,
                      c10::ArrayRef<double> pooling_ratio, bool deterministic, int64_t seed,
                      int64_t seed2);
@@ -76,7 +76,7 @@ struct GradPlan {
   AxisPlan rows, cols;  // cells over the input, one per out_backprop row / column
 };
 
-// FractionalAvgPoolGrad's checks (§9.1) in TF's order, plus: out_backprop batch/depth must
+// FractionalAvgPoolGrad's checks in TF's order, plus: out_backprop batch/depth must
 // not exceed the input's, and the used sequence entries must be strictly increasing and at most the
 // input's rows/columns. Sequences may live on any device (they are read on the host).
 GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig_input_tensor_shape,
@@ -87,7 +87,7 @@ GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig_input_tensor_shape
 // the input's (TF accepts that and leaves those gradients zero).
 at::Tensor pad_out_backprop(const at::Tensor& out_backprop, const GradPlan& plan);
 
-// FractionalMaxPoolGrad's checks (§10.1) in TF's order, plus the ones whose absence lets TF
+// FractionalMaxPoolGrad's checks in TF's order, plus the ones whose absence lets TF
 // 2.21 corrupt its heap: orig_output's batch/depth, out_backprop's shape, sequence lengths and
 // values. The check that the recomputed maxima equal orig_output is the kernel's.
 GradPlan check_max_grad(const char* op, const at::Tensor& orig_input,
@@ -121,7 +121,8 @@ inline at::Tensor channels_contiguous(const at::Tensor& t) {
   return (t.size(3) <= 1 || t.stride(3) == 1) ? t : t.contiguous();
 }
 
-// TF's message when a recomputed maximum differs from orig_output (§10.1 check 6).
+// TF's message when a recomputed maximum differs from orig_output (FractionalMaxPoolGrad's last
+// check, made inside its kernel).
 constexpr const char* kOutputMismatch = "tensor_out_dup is not the same as tensor_out";
 
 }  // namespace fracpool

@@ -1,5 +1,5 @@
-// TensorFlow's random stream for fractional pooling, bit for bit (../shared/spec/
-// batchnorm_fracpool.md §8.3): Philox4x32-10 with TF's seeding, GuardedPhiloxRandom's
+// TensorFlow's random stream for fractional pooling, bit for bit (docs/ops/fractional_pool.md):
+// Philox4x32-10 with TF's seeding, GuardedPhiloxRandom's
 // ReserveSamples32, SingleSampleAdapter and SimplePhilox::RandDouble. Host-only: the
 // sequences are a few dozen numbers and are always generated on the CPU.
 #pragma once

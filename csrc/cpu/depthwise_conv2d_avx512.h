@@ -1,5 +1,5 @@
-// The depthwise sliding-window tile (slide_pixels in depthwise_conv2d.cpp) for float channels
-// in 16-lane AVX-512 vectors, chosen at run time (cpu/avx512.h). The tiles are bound by FMA
+// The depthwise sliding-window tile (slide_pixels in depthwise_conv2d_tiles.cpp) for float
+// channels in 16-lane AVX-512 vectors, chosen at run time (cpu/avx512.h). The tiles are bound by FMA
 // throughput (a 5x5 forward keeps both FMA pipes busy); a 512-bit FMA does twice the work of a
 // 256-bit one on CPUs with full-width AVX-512 units. Same FMAs in the same order per lane as
 // the AVX2 tile, so the results are bit-identical.
@@ -30,9 +30,7 @@ inline void pin_in_register(__m512& v) { asm("" : "+v"(v)); }
 // Clip: only the source columns s0 + u with u in [ulo, uhi) exist (the others are padding, and
 // their taps are left out), so border pixels run as tiles too. stream: non-temporal stores
 // (out 64-byte aligned, C % 16 == 0). Returns the first channel not done. Each source vector is
-// pinned (pin_in_register): paired in one process (Zen 4), 0.78x the time at 16x112x112x32 5x5,
-// 0.87x at 32x56x56x64 3x3, 0.90x at 64x14x14x512, 0.98x at 32x28x28x256 stride 2; in cache
-// 0.75-0.87x.
+// pinned (pin_in_register), so that it is loaded once, not once per FMA.
 template <int NC, int S, int T, bool Clip>
 int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, const float* filt,
                    int64_t frow, const int64_t* rk, const int64_t* rs, int64_t nr,
@@ -111,8 +109,8 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
 // Filter gradient, one tap row of an 8-column tile (filter_grad_tile): NC column taps reading
 // consecutive source columns s0 + t * S + b, channels [c, c1) in whole vectors, added into
 // part at filter columns ck[b]. Returns the first channel not done. The 8 out_backprop vectors
-// stay in registers and each source vector is loaded once (pin_in_register): 0.93-0.98x the
-// time at 16x112x112x32 5x5 (paired, Zen 4). Per lane acc[b] still sums t = 0..7 in order.
+// stay in registers and each source vector is loaded once (pin_in_register). Per lane acc[b]
+// still sums t = 0..7 in order.
 template <int NC, int S>
 int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, int64_t s0,
                     int64_t q, int64_t C, int64_t c, int64_t c1, float* part) {

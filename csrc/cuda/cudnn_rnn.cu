@@ -3,7 +3,8 @@
 // (common/cudnn_rnn_driver.cpp) does the GEMMs with cuBLAS through ATen and is shared with
 // the CPU, so both devices run the same algorithm and reserve-space layout. (We do not call
 // cuDNN: its RNN API cannot reproduce TF's variable-length, projection and params semantics
-// on every version, spec B12, and its reserve space is not portable to the CPU.)
+// on every version (cuDNN 9 runs only the variable-length path), and its reserve space is not
+// portable to the CPU.)
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>

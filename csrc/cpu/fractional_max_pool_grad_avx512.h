@@ -4,7 +4,7 @@
 // time: its cell sweeps are compute-bound chains of compare-and-select, which AVX-512's mask
 // registers do in one instruction each (AVX2: a compare, then a blend) on twice the lanes.
 //
-// The argmax is found differently from MaxGradPass (fractional_pool.cpp), with the same
+// The argmax is found differently from MaxGradPass (fractional_max_pool_grad.cpp), with the same
 // result: TF's recomputed maximum is a VMAXPS chain that is checked against orig_output, and
 // where they are equal TF's argmax (the first maximum in scan order) is the first element
 // equal to orig_output, which a reverse sweep finds without a compare-select chain. Each dx

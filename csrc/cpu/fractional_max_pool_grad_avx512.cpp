@@ -1,9 +1,9 @@
 // FractionalMaxPoolGrad, float, 16 channels per AVX-512 register (see the header). The
-// structure is MaxGradPass's (fractional_pool.cpp): disjoint cells write their elements straight
-// after their argmax sweep; overlapping cells keep a cell row's argmaxes in a two-row ring and
+// structure is MaxGradPass's (fractional_max_pool_grad.cpp): disjoint cells write their
+// elements straight after their argmax sweep; overlapping cells keep a cell row's argmaxes in a two-row ring and
 // gather each dx row once from the (at most 2x2) cells covering it. Everything after the
 // `#pragma GCC target` is compiled for AVX-512 and only called when avx512_enabled() says so.
-#include "cpu/fractional_max_grad_avx512.h"
+#include "cpu/fractional_max_pool_grad_avx512.h"
 
 #include <algorithm>
 
@@ -166,7 +166,7 @@ bool argmax_cells(const MaxGradAvx512& p, int64_t b, int64_t i, int64_t d0, int6
   const float* xr = p.x + b * p.sN + r0 * row;
   const float* yr = p.y + (b * p.OH + i) * p.OW * p.C;
   // Items (cell j, channel vector v) in order, two at a time where the cells' widths are
-  // compile-time: two independent chains interleave (0.8-0.95x the time of one at a time).
+  // compile-time: two independent chains interleave and hide each other's latency.
   const int64_t per = nd / L, items = p.OW * per;
   const float* xc[2];
   __m512 m[2], at[2];

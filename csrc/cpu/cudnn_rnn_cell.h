@@ -1,0 +1,246 @@
+// The fused per-step cell of the CudnnRNN family on the CPU (gate activations, state update,
+// saved activations) and its gradient, for one batch row's units, vectorised with at::vec.
+// Shared by the per-step kernels (cudnn_rnn.cpp) and the fused BRGEMM steps
+// (cudnn_rnn_brgemm.cpp), which inline the same cells.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "common/cudnn_rnn.h"
+
+namespace torch_tfgrads {
+namespace cudnn_rnn {
+
+using at::vec::Vectorized;
+
+// The gate nonlinearities dominate the cell kernels, so they use fast forms: exp_u20 (a few
+// ulp) for the sigmoid, and for float tanh Eigen's rational approximation, the one TF's own
+// CPU kernels evaluate (clamped to +-7.9, odd degree-13 over even degree-6 polynomial; within a
+// few ulp). float64 keeps Sleef's tanh.
+template <typename T>
+C10_ALWAYS_INLINE Vectorized<T> sigmoid(const Vectorized<T>& x) {
+  const Vectorized<T> one(T(1));
+  return one / (one + x.neg().exp_u20());
+}
+
+template <typename T>
+C10_ALWAYS_INLINE Vectorized<T> fast_tanh(const Vectorized<T>& x) {
+  return x.tanh();
+}
+
+template <>
+C10_ALWAYS_INLINE Vectorized<float> fast_tanh(const Vectorized<float>& a) {
+  using Vec = Vectorized<float>;
+  const Vec clamp(7.90531110763549805f);
+  const Vec x = at::vec::minimum(at::vec::maximum(a, -clamp), clamp);
+  const Vec x2 = x * x;
+  Vec p = at::vec::fmadd(x2, Vec(-2.76076847742355e-16f), Vec(2.00018790482477e-13f));
+  p = at::vec::fmadd(x2, p, Vec(-8.60467152213735e-11f));
+  p = at::vec::fmadd(x2, p, Vec(5.12229709037114e-08f));
+  p = at::vec::fmadd(x2, p, Vec(1.48572235717979e-05f));
+  p = at::vec::fmadd(x2, p, Vec(6.37261928875436e-04f));
+  p = at::vec::fmadd(x2, p, Vec(4.89352455891786e-03f));
+  p = x * p;
+  Vec q = at::vec::fmadd(x2, Vec(1.19825839466702e-06f), Vec(1.18534705686654e-04f));
+  q = at::vec::fmadd(x2, q, Vec(2.26843463243900e-03f));
+  q = at::vec::fmadd(x2, q, Vec(4.89352518554385e-03f));
+  // |a| < 4e-4: tanh(a) == a to float precision (and keeps signed zeros and tiny values exact).
+  return Vec::blendv(p / q, a, a.abs() < Vec(0.0004f));
+}
+
+// Calls f(b) for every batch row; rows are independent, so split them over threads once a
+// step has enough work to pay for it.
+template <typename F>
+void for_rows(int64_t B, int64_t row_work, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_work));
+  at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) f(b);
+  });
+}
+
+template <typename T>
+void copy_row(T* dst, const T* src, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(T));
+}
+
+template <typename T>
+const T* ptr(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+template <typename T>
+T* mut(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+// One batch row's units [u0, u0 + n) of one step. Every pointer is already offset to u0; gate g
+// of a unit is `g * stride` further on (the strides differ between the [B, G*U] step buffers
+// and the per-block buffers of the fused path below).
+template <typename T>
+struct FwdSeg {
+  const T* x;  int64_t x_gate;  // W x_t + bW
+  const T* r;  int64_t r_gate;  // R h (+ bR when bR == nullptr)
+  const T* bR;                  // recurrent bias (gate stride U) or nullptr
+  int64_t U;
+  const T *c_prev, *h_prev;
+  T *c_out, *h_out, *acts;      // acts: gate stride U, may be nullptr
+};
+
+// Calls f(std::integral_constant<Mode, m>) for the runtime mode m, so that the cells below are
+// compiled per mode and inline into the step loops (the fused path calls them for one
+// vector of eight units per row, where a call and a mode switch per vector dominate).
+template <typename F>
+void with_mode(Mode mode, const F& f) {
+  switch (mode) {
+    case Mode::kLstm: return f(std::integral_constant<Mode, Mode::kLstm>{});
+    case Mode::kGru: return f(std::integral_constant<Mode, Mode::kGru>{});
+    case Mode::kRnnTanh: return f(std::integral_constant<Mode, Mode::kRnnTanh>{});
+    case Mode::kRnnRelu: return f(std::integral_constant<Mode, Mode::kRnnRelu>{});
+  }
+}
+
+template <Mode mode, typename T>
+C10_ALWAYS_INLINE void forward_cell(const FwdSeg<T>& p, int64_t n, bool active, bool projected) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t kV = Vec::size();
+  const int64_t U = p.U;
+  if (!active) {  // past this row's length: the state is carried
+    if (mode == Mode::kLstm) copy_row(p.c_out, p.c_prev, n);
+    if (!projected) copy_row(p.h_out, p.h_prev, n);
+    if (p.acts)  // the reserve space is never left uninitialised
+      for (int64_t g = 0; g < (mode == Mode::kLstm || mode == Mode::kGru ? 4 : 1); ++g)
+        std::fill(p.acts + g * U, p.acts + g * U + n, T(0));
+    return;
+  }
+  for (int64_t u = 0; u < n; u += kV) {
+    const int64_t m = std::min(kV, n - u);
+    auto rec = [&](int64_t g) C10_ALWAYS_INLINE_ATTRIBUTE {
+      Vec v = Vec::loadu(p.r + g * p.r_gate + u, m);
+      return p.bR ? v + Vec::loadu(p.bR + g * U + u, m) : v;
+    };
+    auto pre = [&](int64_t g) C10_ALWAYS_INLINE_ATTRIBUTE { return Vec::loadu(p.x + g * p.x_gate + u, m) + rec(g); };
+    T* ac = p.acts ? p.acts + u : nullptr;
+    switch (mode) {
+      case Mode::kLstm: {
+        const Vec i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = fast_tanh(pre(2)),
+                  o = sigmoid(pre(3));
+        const Vec c = f * Vec::loadu(p.c_prev + u, m) + i * g;
+        c.store(p.c_out + u, m);
+        (o * fast_tanh(c)).store(p.h_out + u, m);
+        if (ac) {
+          i.store(ac, m);
+          f.store(ac + U, m);
+          g.store(ac + 2 * U, m);
+          o.store(ac + 3 * U, m);
+        }
+        break;
+      }
+      case Mode::kGru: {
+        const Vec rg = sigmoid(pre(0)), z = sigmoid(pre(1));
+        const Vec ghn = rec(2);
+        const Vec nn = fast_tanh(Vec::loadu(p.x + 2 * p.x_gate + u, m) + rg * ghn);
+        const Vec h = Vec::loadu(p.h_prev + u, m);
+        (nn + z * (h - nn)).store(p.h_out + u, m);  // (1-z) n + z h
+        if (ac) {
+          rg.store(ac, m);
+          z.store(ac + U, m);
+          nn.store(ac + 2 * U, m);
+          ghn.store(ac + 3 * U, m);
+        }
+        break;
+      }
+      case Mode::kRnnTanh:
+      case Mode::kRnnRelu: {
+        const Vec h = mode == Mode::kRnnTanh ? fast_tanh(pre(0))
+                                             : at::vec::maximum(pre(0), Vec(T(0)));
+        h.store(p.h_out + u, m);
+        if (ac) h.store(ac, m);
+        break;
+      }
+    }
+  }
+}
+
+template <typename T>
+struct BwdSeg {
+  const T* acts;  // gate stride U
+  int64_t U;
+  const T *c_cur, *c_prev, *h_prev, *dh, *dc;
+  T *dgx, *dgh;   // gate stride U; dgh only for GRU
+  T *dc_prev, *carry;  // carry may be nullptr (projection)
+};
+
+template <Mode mode, typename T>
+C10_ALWAYS_INLINE void backward_cell(const BwdSeg<T>& p, int64_t n, bool active) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t kV = Vec::size();
+  const int64_t U = p.U;
+  const Vec one(T(1)), zero(T(0));
+  if (!active) {  // zero gate gradients; dc and dh pass through
+    for (int64_t g = 0; g < gates_of(mode); ++g) {
+      std::fill(p.dgx + g * U, p.dgx + g * U + n, T(0));
+      if (mode == Mode::kGru) std::fill(p.dgh + g * U, p.dgh + g * U + n, T(0));
+    }
+    if (mode == Mode::kLstm) copy_row(p.dc_prev, p.dc, n);
+    if (p.carry) copy_row(p.carry, p.dh, n);
+    return;
+  }
+  for (int64_t u = 0; u < n; u += kV) {
+    const int64_t m = std::min(kV, n - u);
+    const Vec g_h = Vec::loadu(p.dh + u, m);
+    const T* ac = p.acts + u;
+    T* gx = p.dgx + u;
+    switch (mode) {
+      case Mode::kLstm: {
+        const Vec i = Vec::loadu(ac, m), f = Vec::loadu(ac + U, m),
+                  g = Vec::loadu(ac + 2 * U, m), o = Vec::loadu(ac + 3 * U, m);
+        const Vec tc = fast_tanh(Vec::loadu(p.c_cur + u, m));
+        const Vec dct = Vec::loadu(p.dc + u, m) + g_h * o * (one - tc * tc);
+        (dct * i * (one - i) * g).store(gx, m);
+        (dct * f * (one - f) * Vec::loadu(p.c_prev + u, m)).store(gx + U, m);
+        (dct * i * (one - g * g)).store(gx + 2 * U, m);
+        (g_h * tc * o * (one - o)).store(gx + 3 * U, m);
+        (dct * f).store(p.dc_prev + u, m);
+        if (p.carry) zero.store(p.carry + u, m);
+        break;
+      }
+      case Mode::kGru: {
+        const Vec rg = Vec::loadu(ac, m), z = Vec::loadu(ac + U, m),
+                  nn = Vec::loadu(ac + 2 * U, m), ghn = Vec::loadu(ac + 3 * U, m);
+        const Vec h = Vec::loadu(p.h_prev + u, m);
+        const Vec dn = g_h * (one - z) * (one - nn * nn);
+        const Vec dz = g_h * (h - nn) * z * (one - z);
+        const Vec dr = dn * ghn * rg * (one - rg);
+        T* gr = p.dgh + u;
+        dr.store(gx, m);
+        dz.store(gx + U, m);
+        dn.store(gx + 2 * U, m);
+        dr.store(gr, m);
+        dz.store(gr + U, m);
+        (dn * rg).store(gr + 2 * U, m);
+        (g_h * z).store(p.carry + u, m);
+        break;
+      }
+      case Mode::kRnnTanh: {
+        const Vec h = Vec::loadu(ac, m);
+        (g_h * (one - h * h)).store(gx, m);
+        zero.store(p.carry + u, m);
+        break;
+      }
+      case Mode::kRnnRelu: {
+        const Vec h = Vec::loadu(ac, m);
+        Vec::blendv(zero, g_h, h > zero).store(gx, m);
+        zero.store(p.carry + u, m);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace cudnn_rnn
+}  // namespace torch_tfgrads

@@ -1,0 +1,105 @@
+// Destination rows of the channels-last correlation staged in L1/L2 and streamed out with
+// non-temporal stores while the next row is computed (large outputs only; AVX2 builds).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace torch_tfgrads {
+namespace depthwise_cpu {
+
+// Non-temporal copy of whole 32-byte chunks (dst 32-byte aligned); AVX2 builds only.
+#if defined(CPU_CAPABILITY_AVX2)
+// src is 32-byte aligned; dst is aligned up with ordinary stores, then streamed in 32-byte
+// chunks, the tail copied.
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t head = std::min<int64_t>(bytes, (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32);
+  std::memcpy(d, s, head);
+  int64_t i = head;
+  if (head == 0) {  // src and dst equally aligned: aligned loads
+    for (; i + 32 <= bytes; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(s + i)));
+  } else {
+    for (; i + 32 <= bytes; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+}
+#else
+inline void stream_copy(void* dst, const void* src, int64_t bytes) { std::memcpy(dst, src, bytes); }
+#endif
+
+// Streams a staged row to its destination a slice at a time while the next row is computed:
+// issued in one burst at the end of a row, the non-temporal stores stall on the few
+// write-combining buffers; spread over the next row's tiles they drain behind its FMAs.
+class RowStreamer {
+ public:
+  // Finishes the previous row, then queues this one (bytes to go out in `slices` steps).
+  void start(void* dst, const void* src, int64_t bytes, int64_t slices) {
+    finish();
+    dst_ = static_cast<char*>(dst);
+    src_ = static_cast<const char*>(src);
+    left_ = bytes;
+    slice_ = (bytes / std::max<int64_t>(1, slices) + 63) / 64 * 64;
+  }
+  void step() { copy(std::min(slice_, left_)); }
+  void finish() { copy(left_); }
+
+ private:
+  void copy(int64_t n) {
+    if (n <= 0) return;
+    stream_copy(dst_, src_, n);
+    dst_ += n;
+    src_ += n;
+    left_ -= n;
+  }
+  char* dst_ = nullptr;
+  const char* src_ = nullptr;
+  int64_t left_ = 0, slice_ = 0;
+};
+
+// Rows of a thread's destination computed into two L1/L2-resident staging rows (one being
+// computed, the previous one streaming out in slices) when `on`, else straight in place.
+template <typename scalar_t>
+class StagedRows {
+ public:
+  StagedRows(bool on, int64_t row_elems) : on_(on), elems_(row_elems) {
+    if (!on) return;
+    const int64_t padded = (row_elems + 63) / 64 * 64;
+    buf_.resize(2 * padded + 64);
+    auto addr = (reinterpret_cast<uintptr_t>(buf_.data()) + 63) & ~uintptr_t{63};
+    stage_[0] = reinterpret_cast<scalar_t*>(addr);
+    stage_[1] = stage_[0] + padded;
+  }
+  // Where row i (destination dst) is computed.
+  scalar_t* row(int64_t i, scalar_t* dst) const { return on_ ? stage_[i & 1] : dst; }
+  // Between the row's pieces of work: the previous row's next slice goes out.
+  void step() {
+    if (on_) out_.step();
+  }
+  // Row i is complete: it goes out in `slices` steps during the next row.
+  void done(int64_t i, scalar_t* dst, int64_t slices) {
+    if (on_) out_.start(dst, stage_[i & 1], elems_ * sizeof(scalar_t), slices);
+  }
+  void finish() { out_.finish(); }
+
+ private:
+  bool on_;
+  int64_t elems_;
+  std::vector<scalar_t> buf_;
+  scalar_t* stage_[2] = {nullptr, nullptr};
+  RowStreamer out_;
+};
+
+}  // namespace depthwise_cpu
+}  // namespace torch_tfgrads
