@@ -9,14 +9,22 @@ Decisions (printed at build time):
   builds the portable baseline instead. The choice is recorded in `_build_info.py` and checked
   at import, so a mismatched CPU gets an ImportError, never an illegal instruction.
 * `DEBUG=1`: -O0 -g (and -lineinfo for nvcc).
+* torch must already be installed: build with `pip install --no-build-isolation .`.
 """
 import glob
 import os
+import sys
 
 from setuptools import setup
 
-import torch
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError as e:
+    # pyproject.toml cannot list torch as a build requirement (an isolated build would fetch the
+    # newest torch and build against the wrong ABI), so a plain `pip install .` lands here.
+    sys.exit(f"torch_tfgrads: building needs torch ({e}): install torch first, then build with "
+             "`pip install --no-build-isolation .` (pip's isolated build environment has no torch)")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PKG = "torch_tfgrads"
