@@ -8,7 +8,8 @@ Decisions (printed at build time):
   them (this package is always built on the machine that runs it); `TFGRADS_CPU_BASELINE=1`
   builds the portable baseline instead. The choice is recorded in `_build_info.py` and checked
   at import, so a mismatched CPU gets an ImportError, never an illegal instruction.
-* `DEBUG=1`: -O0 -g (and -lineinfo for nvcc).
+* `DEBUG=1`: -O0 -g (and -lineinfo for nvcc). Release builds carry no debug info (-g0 overrides
+  the -g of Python's sysconfig CFLAGS: debug info would otherwise be most of the module).
 * torch must already be installed: build with `pip install --no-build-isolation .`.
 """
 import glob
@@ -82,9 +83,10 @@ def _extension():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "common", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    cxx = ["-O0", "-g"] if debug else ["-O3"]
-    link = ["-fopenmp"]
     sanitize = _env_flag("TFGRADS_SANITIZE")
+    # -g0 comes after sysconfig's CFLAGS (which carry -g) on the command line, so it wins.
+    cxx = ["-O0", "-g"] if debug else ["-O3"] if sanitize else ["-O3", "-g0"]
+    link = ["-fopenmp"]
     if sanitize:
         # AddressSanitizer + UndefinedBehaviorSanitizer (`make sanitize`): any out-of-bounds
         # access, use of freed memory or undefined behaviour in our kernels aborts the test run.
@@ -92,7 +94,9 @@ def _extension():
                  "-fno-omit-frame-pointer", "-g"]
         cxx += flags
         link += flags
-    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3"]  # no fast-math: TF parity
+    # no fast-math: TF parity. nvcc does not get sysconfig's CFLAGS; -g0 still keeps the host
+    # side free of debug info whatever the host compiler's defaults.
+    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3", "-Xcompiler", "-g0"]
     cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
     # GCC turns the loops that zero a kernel's accumulator arrays into memset calls, which
     # forces those arrays onto the stack (a `rep stos` per tile, then loads into registers).
