@@ -10,6 +10,9 @@ Decisions (printed at build time):
   at import, so a mismatched CPU gets an ImportError, never an illegal instruction.
 * `DEBUG=1`: -O0 -g (and -lineinfo for nvcc). Release builds carry no debug info (-g0 overrides
   the -g of Python's sysconfig CFLAGS: debug info would otherwise be most of the module).
+* Runtime requirement: the C++ code uses torch's C++ API, whose ABI changes between minor
+  releases, so the built package requires the building torch's major.minor (`torch>=X.Y,<X.Z`),
+  and `_loader.py` checks it again at import.
 * torch must already be installed: build with `pip install --no-build-isolation .`.
 """
 import glob
@@ -168,8 +171,15 @@ def _use_wheel_cudart(module):
             return
 
 
+def _install_requires():
+    """The built module only loads with the torch minor release it was compiled against."""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return [f"torch>={major}.{minor},<{major}.{minor + 1}", "numpy"]
+
+
 setup(
     ext_modules=[_extension()],
+    install_requires=_install_requires(),
     cmdclass={"build_ext": BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )
