@@ -1,7 +1,8 @@
 # Two set-up-and-go targets work on a fresh clone: `make demo` and `make test`.
 # Both create .venv, install torch if the venv has none (or one older than TORCH_MIN), build the
 # extension in place (pip -e) and run; `make test` also installs the test dependencies
-# (TensorFlow among them), `make demo` does not.
+# (TensorFlow among them), `make demo` does not. `make lint` / `make format` check / apply the
+# Python (ruff) and C++/CUDA (clang-format) style.
 #
 # Which torch: an installed torch >= TORCH_MIN is reused as it is (the extension is built against
 # whatever torch the venv has, and from then on needs that torch's major.minor). Otherwise
@@ -27,6 +28,7 @@ TORCH_MIN ?= 2.4
 TORCH_INDEX ?=
 CORE_DEPS ?= numpy ninja
 TEST_DEPS ?= pytest tensorflow-cpu==2.21.0
+LINT_DEPS ?= ruff==0.17.6 clang-format==19.1.7
 CUDA_VENV ?= $(HOME)/.cache/torch_tfgrads/cuda-venv
 CUDA_TORCH_SPEC ?= torch==2.15.0
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -38,10 +40,12 @@ export MAX_JOBS ?= 2
 # in build/ (removed by `make clean`, like the .so), one per venv.
 CORE_STAMP := $(VENV)/.tfgrads-core-deps
 TEST_STAMP := $(VENV)/.tfgrads-test-deps
+LINT_STAMP := $(VENV)/.tfgrads-lint-deps
 TORCH_STAMP := $(VENV)/.tfgrads-torch-version
 BUILD_STAMP := build/stamps/editable$(subst /,_,$(abspath $(VENV)))
 BUILD_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 BUILD_CMD ?= $(VPY) -m pip install -q --no-build-isolation -e .
+CXX_FORMAT_SOURCES = $(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \) | sort)
 
 # ccache: torch's extension builder puts `ccache` in front of the compiler by itself when ccache
 # is on PATH (recent torch); for older torch, ccache's directory of compiler-named links goes
@@ -53,7 +57,8 @@ export PATH := $(CCACHE_LINKS):$(PATH)
 endif
 export CCACHE_BASEDIR ?= $(CURDIR)
 
-.PHONY: demo test build deps test-deps venv bench cuda-check sanitize sanitize-build clean FORCE
+.PHONY: demo test build deps test-deps lint-deps lint format venv bench cuda-check sanitize \
+	sanitize-build clean FORCE
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -83,8 +88,13 @@ $(TEST_STAMP): $(VPY) Makefile
 	$(VPY) -m pip install -q $(TEST_DEPS)
 	@touch $@
 
+$(LINT_STAMP): $(VPY) Makefile
+	$(VPY) -m pip install -q $(LINT_DEPS)
+	@touch $@
+
 deps: $(TORCH_STAMP) $(CORE_STAMP)
 test-deps: $(TEST_STAMP)
+lint-deps: $(LINT_STAMP)
 
 $(BUILD_STAMP): $(BUILD_SOURCES) $(TORCH_STAMP) $(CORE_STAMP)
 	$(BUILD_CMD)
@@ -97,6 +107,17 @@ demo: build
 
 test: build $(TEST_STAMP)
 	$(VPY) -m pytest -q tests
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FORMAT_SOURCES)
+
+# Sorts the imports (the one ruff lint fix that is formatting), formats Python and C++/CUDA.
+format: $(LINT_STAMP)
+	$(VENV)/bin/ruff check --select I --fix .
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/clang-format -i $(CXX_FORMAT_SOURCES)
 
 bench: build $(TEST_STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(VPY) $$b || exit 1; done

@@ -161,8 +161,9 @@ def _use_wheel_cudart(module):
         return
     import site
     for sp in site.getsitepackages():
-        found = sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib", "libcudart.so.*")) +
-                       glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib", "libcudart.so.*")))
+        nvidia = os.path.join(sp, "nvidia")
+        found = sorted(glob.glob(os.path.join(nvidia, "*", "lib", "libcudart.so.*")) +
+                       glob.glob(os.path.join(nvidia, "cuda_runtime", "lib", "libcudart.so.*")))
         if found:
             module.library_dirs.append(os.path.dirname(found[0]))
             module.libraries = [f":{os.path.basename(found[0])}" if lib == "cudart" else lib

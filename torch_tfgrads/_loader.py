@@ -26,11 +26,11 @@ if _built_torch is not None and _major_minor(_built_torch) != _major_minor(torch
         "pip install --no-build-isolation . (-e . in a checkout), or install torch "
         f"{_major_minor(_built_torch)}.*")
 
-if _build_info is not None and _build_info.CPU_SIMD == "AVX2":
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise ImportError(
-            "torch_tfgrads was compiled for AVX2 but this CPU does not support it; rebuild with "
-            "TFGRADS_CPU_BASELINE=1 pip install --no-build-isolation -e .")
+if (_build_info is not None and _build_info.CPU_SIMD == "AVX2"
+        and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")):
+    raise ImportError(
+        "torch_tfgrads was compiled for AVX2 but this CPU does not support it; rebuild with "
+        "TFGRADS_CPU_BASELINE=1 pip install --no-build-isolation -e .")
 
 from . import _C  # noqa: E402,F401
 
