@@ -51,11 +51,12 @@ CXX_FORMAT_SOURCES = $(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -
 # is on PATH (recent torch); for older torch, ccache's directory of compiler-named links goes
 # first on PATH. Nothing changes without ccache. (CC/CXX="ccache g++" breaks the build, seen with
 # torch 2.13: its ninja build takes CC's second word for a flag and quotes CXX as one command.)
+# pip -e compiles in a new temp dir each time; ccache still hits because release builds have no
+# debug info (with -g, ccache hashes the working directory).
 CCACHE_LINKS := $(firstword $(wildcard /usr/lib/ccache /usr/lib64/ccache /usr/local/opt/ccache/libexec /opt/homebrew/opt/ccache/libexec))
 ifneq ($(CCACHE_LINKS),)
 export PATH := $(CCACHE_LINKS):$(PATH)
 endif
-export CCACHE_BASEDIR ?= $(CURDIR)
 
 .PHONY: demo test build deps test-deps lint-deps lint format venv bench cuda-check sanitize \
 	sanitize-build clean FORCE
