@@ -1,11 +1,34 @@
 # Two set-up-and-go targets work on a fresh clone: `make demo` and `make test`.
-# Both create .venv, install torch 2.13.0 (CPU) if missing, the test dependencies, build the
-# extension in place (pip -e), then run.
+# Both create .venv, install torch if the venv has none (or one older than TORCH_MIN), build the
+# extension in place (pip -e) and run; `make test` also installs the test dependencies
+# (TensorFlow among them), `make demo` does not. `make lint` / `make format` check / apply the
+# Python (ruff) and C++/CUDA (clang-format) style.
+#
+# Which torch: an installed torch >= TORCH_MIN is reused as it is (the extension is built against
+# whatever torch the venv has, and from then on needs that torch's major.minor). Otherwise
+# TORCH_SPEC is installed, from pip's configured index by default (works offline with a local
+# mirror; PyPI's Linux x86-64 torch wheels are CUDA builds), or from TORCH_INDEX when set:
+#   CPU-only build:  make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+#   CUDA build:      make test TORCH_INDEX=https://download.pytorch.org/whl/cuXYZ
+#                    (cuXYZ: a CUDA version that PyTorch publishes for that release, e.g. cu128)
+#   other version:   make test TORCH_SPEC="torch==2.12.*"
+# TORCH_INDEX replaces pip's index (--index-url); the download.pytorch.org indexes also serve
+# torch's own dependencies. To switch a venv that already has a torch, remove that torch first
+# ($(VENV)/bin/pip uninstall torch) or start from a new VENV.
+#
+# Rebuilds: `build` is a stamp file that depends on the C++/CUDA sources, setup.py,
+# pyproject.toml, the core dependencies and the venv's torch version, so `make test` after
+# `make demo` reuses the build; pip -e (which compiles everything in a fresh temp dir) only runs
+# again when one of those changed. The compiler goes through ccache when it is installed.
 PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-TEST_DEPS := numpy pytest ninja tensorflow-cpu==2.21.0
+TORCH_MIN ?= 2.4
+TORCH_INDEX ?=
+CORE_DEPS ?= numpy ninja
+TEST_DEPS ?= pytest tensorflow-cpu==2.21.0
+LINT_DEPS ?= ruff==0.17.6 clang-format==19.1.7
 CUDA_VENV ?= $(HOME)/.cache/torch_tfgrads/cuda-venv
 CUDA_TORCH_SPEC ?= torch==2.15.0
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -13,7 +36,30 @@ CUDA_BUILD := build/cuda-check
 SAN_BUILD := build/sanitize
 export MAX_JOBS ?= 2
 
-.PHONY: demo test build deps venv bench cuda-check sanitize sanitize-build clean
+# Stamps: what a venv has installed lives in the venv; the in-place build of this checkout lives
+# in build/ (removed by `make clean`, like the .so), one per venv.
+CORE_STAMP := $(VENV)/.tfgrads-core-deps
+TEST_STAMP := $(VENV)/.tfgrads-test-deps
+LINT_STAMP := $(VENV)/.tfgrads-lint-deps
+TORCH_STAMP := $(VENV)/.tfgrads-torch-version
+BUILD_STAMP := build/stamps/editable$(subst /,_,$(abspath $(VENV)))
+BUILD_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
+BUILD_CMD ?= $(VPY) -m pip install -q --no-build-isolation -e .
+CXX_FORMAT_SOURCES = $(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \) | sort)
+
+# ccache: torch's extension builder puts `ccache` in front of the compiler by itself when ccache
+# is on PATH (recent torch); for older torch, ccache's directory of compiler-named links goes
+# first on PATH. Nothing changes without ccache. (CC/CXX="ccache g++" breaks the build, seen with
+# torch 2.13: its ninja build takes CC's second word for a flag and quotes CXX as one command.)
+# pip -e compiles in a new temp dir each time; ccache still hits because release builds have no
+# debug info (with -g, ccache hashes the working directory).
+CCACHE_LINKS := $(firstword $(wildcard /usr/lib/ccache /usr/lib64/ccache /usr/local/opt/ccache/libexec /opt/homebrew/opt/ccache/libexec))
+ifneq ($(CCACHE_LINKS),)
+export PATH := $(CCACHE_LINKS):$(PATH)
+endif
+
+.PHONY: demo test build deps test-deps lint-deps lint format venv bench cuda-check sanitize \
+	sanitize-build clean FORCE
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,21 +67,60 @@ $(VPY):
 
 venv: $(VPY)
 
-# torch is only installed when missing, and pinned: never let pip pull the newest (multi-GB) one.
-deps: $(VPY)
-	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH_SPEC)"
-	$(VPY) -m pip install -q $(TEST_DEPS)
+FORCE:
 
-build: deps
-	$(VPY) -m pip install -q --no-build-isolation -e .
+# Runs every time (cheap: no torch import), but rewrites the stamp only when the venv's torch
+# version changed, and so triggers a rebuild only then (`make -n` cannot know that and lists
+# the build anyway). torch is installed only when missing or older than TORCH_MIN, and pinned:
+# never let pip pull the newest (multi-GB) one.
+$(TORCH_STAMP): $(VPY) FORCE
+	@$(VPY) -c "import importlib.metadata as m, sys; \
+	  v = lambda s: tuple(int(p) for p in s.split('+')[0].split('.')[:2]); \
+	  sys.exit(v(m.version('torch')) < v('$(TORCH_MIN)'))" 2>/dev/null \
+	  || $(VPY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	@$(VPY) -c "import importlib.metadata as m; print(m.version('torch'))" > $@.new
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv -f $@.new $@; echo "torch $$(cat $@)"; fi
+
+$(CORE_STAMP): $(VPY) Makefile
+	$(VPY) -m pip install -q $(CORE_DEPS)
+	@touch $@
+
+$(TEST_STAMP): $(VPY) Makefile
+	$(VPY) -m pip install -q $(TEST_DEPS)
+	@touch $@
+
+$(LINT_STAMP): $(VPY) Makefile
+	$(VPY) -m pip install -q $(LINT_DEPS)
+	@touch $@
+
+deps: $(TORCH_STAMP) $(CORE_STAMP)
+test-deps: $(TEST_STAMP)
+lint-deps: $(LINT_STAMP)
+
+$(BUILD_STAMP): $(BUILD_SOURCES) $(TORCH_STAMP) $(CORE_STAMP)
+	$(BUILD_CMD)
+	@mkdir -p $(@D) && touch $@
+
+build: $(BUILD_STAMP)
 
 demo: build
-	$(VPY) -m torch_tfgrads parity
+	$(VPY) -m torch_tfgrads demo
 
-test: build
+test: build $(TEST_STAMP)
 	$(VPY) -m pytest -q tests
 
-bench: build
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FORMAT_SOURCES)
+
+# Sorts the imports (the one ruff lint fix that is formatting), formats Python and C++/CUDA.
+format: $(LINT_STAMP)
+	$(VENV)/bin/ruff check --select I --fix .
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/clang-format -i $(CXX_FORMAT_SOURCES)
+
+bench: build $(TEST_STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(VPY) $$b || exit 1; done
 
 # Proves the CUDA kernels compile and link against a CUDA build of torch, without a GPU: an
@@ -57,7 +142,7 @@ cuda-check:
 # with TFGRADS_SANITIZE=1 runs the whole test suite (bad inputs included) with the sanitizer
 # runtimes preloaded into the venv's python; any finding aborts the run. (The in-tree build is
 # left alone.)
-sanitize: sanitize-build
+sanitize: sanitize-build $(TEST_STAMP)
 	cd $(SAN_BUILD) && rm -f sanitizer.log.* && \
 	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(abspath $(SAN_BUILD))/sanitizer.log \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(abspath $(SAN_BUILD))/sanitizer.log \

@@ -8,15 +8,27 @@ Decisions (printed at build time):
   them (this package is always built on the machine that runs it); `TFGRADS_CPU_BASELINE=1`
   builds the portable baseline instead. The choice is recorded in `_build_info.py` and checked
   at import, so a mismatched CPU gets an ImportError, never an illegal instruction.
-* `DEBUG=1`: -O0 -g (and -lineinfo for nvcc).
+* `DEBUG=1`: -O0 -g (and -lineinfo for nvcc). Release builds carry no debug info (-g0 overrides
+  the -g of Python's sysconfig CFLAGS: debug info would otherwise be most of the module).
+* Runtime requirement: the C++ code uses torch's C++ API, whose ABI changes between minor
+  releases, so the built package requires the building torch's major.minor (`torch>=X.Y,<X.Z`),
+  and `_loader.py` checks it again at import.
+* torch must already be installed: build with `pip install --no-build-isolation .`.
 """
 import glob
 import os
+import sys
 
 from setuptools import setup
 
-import torch
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+try:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+except ImportError as e:
+    # pyproject.toml cannot list torch as a build requirement (an isolated build would fetch the
+    # newest torch and build against the wrong ABI), so a plain `pip install .` lands here.
+    sys.exit(f"torch_tfgrads: building needs torch ({e}): install torch first, then build with "
+             "`pip install --no-build-isolation .` (pip's isolated build environment has no torch)")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PKG = "torch_tfgrads"
@@ -74,9 +86,10 @@ def _extension():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "common", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    cxx = ["-O0", "-g"] if debug else ["-O3"]
-    link = ["-fopenmp"]
     sanitize = _env_flag("TFGRADS_SANITIZE")
+    # -g0 comes after sysconfig's CFLAGS (which carry -g) on the command line, so it wins.
+    cxx = ["-O0", "-g"] if debug else ["-O3"] if sanitize else ["-O3", "-g0"]
+    link = ["-fopenmp"]
     if sanitize:
         # AddressSanitizer + UndefinedBehaviorSanitizer (`make sanitize`): any out-of-bounds
         # access, use of freed memory or undefined behaviour in our kernels aborts the test run.
@@ -84,7 +97,9 @@ def _extension():
                  "-fno-omit-frame-pointer", "-g"]
         cxx += flags
         link += flags
-    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3"]  # no fast-math: TF parity
+    # no fast-math: TF parity. nvcc does not get sysconfig's CFLAGS; -g0 still keeps the host
+    # side free of debug info whatever the host compiler's defaults.
+    nvcc = ["-O0", "-g", "-lineinfo"] if debug else ["-O3", "-Xcompiler", "-g0"]
     cxx.append("-fopenmp")  # ATen's parallel_for backend in the official wheels is OpenMP
     # GCC turns the loops that zero a kernel's accumulator arrays into memset calls, which
     # forces those arrays onto the stack (a `rep stos` per tile, then loads into registers).
@@ -146,8 +161,9 @@ def _use_wheel_cudart(module):
         return
     import site
     for sp in site.getsitepackages():
-        found = sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib", "libcudart.so.*")) +
-                       glob.glob(os.path.join(sp, "nvidia", "cuda_runtime", "lib", "libcudart.so.*")))
+        nvidia = os.path.join(sp, "nvidia")
+        found = sorted(glob.glob(os.path.join(nvidia, "*", "lib", "libcudart.so.*")) +
+                       glob.glob(os.path.join(nvidia, "cuda_runtime", "lib", "libcudart.so.*")))
         if found:
             module.library_dirs.append(os.path.dirname(found[0]))
             module.libraries = [f":{os.path.basename(found[0])}" if lib == "cudart" else lib
@@ -156,8 +172,15 @@ def _use_wheel_cudart(module):
             return
 
 
+def _install_requires():
+    """The built module only loads with the torch minor release it was compiled against."""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return [f"torch>={major}.{minor},<{major}.{minor + 1}", "numpy"]
+
+
 setup(
     ext_modules=[_extension()],
+    install_requires=_install_requires(),
     cmdclass={"build_ext": BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )
