@@ -93,8 +93,7 @@ def read(prefix: Prefix, keys: Iterable[str] | None = None) -> dict:
         if missing:
             raise KeyError(f"{bundle.index_path}: no tensors named {missing}")
         wanted = [bundle.entries[k] for k in keys]
-    raw = bundle.read_bytes(wanted)
-    return {e.key: bundle.decode(e, raw[e.key]) for e in wanted}
+    return bundle.read_tensors(wanted)
 
 
 def read_object_graph(prefix: Prefix) -> list[Node]:
@@ -106,7 +105,7 @@ def read_object_graph(prefix: Prefix) -> list[Node]:
         raise CheckpointError(f"{bundle.index_path}: no {OBJECT_GRAPH_KEY} entry (a name-based "
                               "checkpoint, e.g. from tf.compat.v1.train.Saver)")
     entry = bundle.entries[OBJECT_GRAPH_KEY]
-    value = bundle.decode(entry, bundle.read_bytes([entry])[OBJECT_GRAPH_KEY])
+    value = bundle.read_tensors([entry])[OBJECT_GRAPH_KEY]
     try:
         return parse_object_graph(value.reshape(-1)[0])
     except Exception as e:

@@ -89,7 +89,10 @@ class Entry:
     offset: int
     size: int
     crc32c: int  # masked, as stored
-    slices: tuple = field(default=())  # non-empty for a partitioned variable's full entry
+    # For a tensor saved in slices (a partitioned variable, or TF's MaxShardSizePolicy
+    # splitting a large one across shards): each slice's (start, length) per dimension,
+    # length -1 meaning the whole dimension. Each slice is a separate entry under an encoded key.
+    slices: tuple[tuple[tuple[int, int], ...], ...] = field(default=())
 
     @property
     def numel(self) -> int:
@@ -111,7 +114,8 @@ def _decode_entry(key: str, value: bytes, index_path: str) -> Entry:
         raise CheckpointError(f"{index_path}: key {key!r}: corrupted entry ({e})") from None
     if proto.shape.unknown_rank or any(d.size < 0 for d in proto.shape.dim):
         raise CheckpointError(f"{index_path}: key {key!r}: entry has no fully known shape")
-    slices = tuple(tuple((e.start, e.length) for e in s.extent) for s in proto.slices)
+    slices = tuple(tuple((e.start, e.length if e.HasField("length") else -1) for e in s.extent)
+                   for s in proto.slices)
     return Entry(key, dtype_name(proto.dtype), proto.dtype, tuple(d.size for d in proto.shape.dim),
                  proto.shard_id, proto.offset, proto.size, proto.crc32c, slices)
 
@@ -140,9 +144,11 @@ class Bundle:
             raise CheckpointError(f"{self.index_path}: no bundle header (not a tensor bundle?)")
         self.header = self._decode_header(items[0][1])
         self.entries: dict[str, Entry] = {}
+        self._slice_values: dict[bytes, bytes] = {}
         for raw_key, value in items[1:]:
-            if raw_key.startswith(b"\x00"):
-                continue  # a slice of a partitioned variable, stored under an encoded key
+            if raw_key.startswith(b"\x00"):  # one slice of a sliced tensor, under an encoded key
+                self._slice_values[raw_key] = value
+                continue
             key = raw_key.decode("utf-8", errors="surrogateescape")
             entry = _decode_entry(key, value, self.index_path)
             if not 0 <= entry.shard_id < self.header.num_shards:
@@ -200,13 +206,58 @@ class Bundle:
                     out[e.key] = buf
         return out
 
+    def slice_entries(self, entry: Entry) -> list[tuple[tuple[tuple[int, int], ...], Entry]]:
+        """The stored slices of a sliced tensor, each with its extents."""
+        out = []
+        for extents in entry.slices:
+            raw_key = encode_slice_key(entry.key, extents)
+            if raw_key not in self._slice_values:
+                raise CheckpointError(f"{self.index_path}: key {entry.key!r}: slice {extents} "
+                                      "is missing from the index")
+            sub = _decode_entry(f"{entry.key} (slice {list(extents)})",
+                                self._slice_values[raw_key], self.index_path)
+            if not 0 <= sub.shard_id < self.header.num_shards:
+                raise CheckpointError(f"{self.index_path}: key {sub.key!r}: shard {sub.shard_id}")
+            want = tuple(d if n == -1 else n for (_, n), d in zip(extents, entry.shape))
+            if sub.dtype_enum != entry.dtype_enum or sub.shape != want:
+                raise CheckpointError(f"{self.index_path}: key {sub.key!r}: {sub.dtype}"
+                                      f"{list(sub.shape)} does not fit the tensor")
+            out.append((extents, sub))
+        return out
+
+    def read_tensors(self, entries: list[Entry]) -> dict:
+        """The tensors of `entries` by key, every byte read and checked before any is decoded."""
+        plan: list[tuple[Entry, list]] = []
+        to_read: list[Entry] = []
+        for e in entries:
+            parts = self.slice_entries(e) if e.slices else []
+            plan.append((e, parts))
+            to_read.extend(sub for _, sub in parts) if parts else to_read.append(e)
+        raw = self.read_bytes(to_read)
+        out = {}
+        for e, parts in plan:
+            if not parts:
+                out[e.key] = self.decode(e, raw[e.key])
+                continue
+            if e.dtype_enum == 7:
+                raise CheckpointError(f"{self.index_path}: key {e.key!r}: sliced string tensors "
+                                      "are not supported")
+            full = torch.zeros(e.shape, dtype=self.decode(parts[0][1], raw[parts[0][1].key]).dtype)
+            covered = torch.zeros(e.shape, dtype=torch.bool)
+            for extents, sub in parts:
+                index = tuple(slice(None) if n == -1 else slice(s, s + n) for s, n in extents)
+                full[index] = self.decode(sub, raw[sub.key])
+                covered[index] = True
+            if not bool(covered.all()):
+                raise CheckpointError(f"{self.index_path}: key {e.key!r}: its slices do not cover "
+                                      "the tensor")
+            out[e.key] = full
+        return out
+
     def decode(self, entry: Entry, buf: bytes):
         """The tensor of `entry` from its raw bytes (checked by `read_bytes`): a torch tensor,
         or for a string tensor a numpy object array of `bytes`."""
         where = f"{self.data_path(entry.shard_id)}: key {entry.key!r}"
-        if entry.slices:
-            raise CheckpointError(f"{where}: partitioned variables (sliced entries) are not "
-                                  "supported")
         if entry.dtype_enum == 7:
             return _decode_strings(entry, buf, where)
         if entry.dtype_enum not in _DTYPES:
@@ -257,3 +308,36 @@ def _decode_strings(entry: Entry, buf: bytes, where: str) -> np.ndarray:
         out[i] = bytes(buf[pos:pos + length])
         pos += length
     return out.reshape(entry.shape)
+
+
+def _ordered_string(s: bytes) -> bytes:
+    """OrderedCode's order-preserving string encoding: 0x00 -> 00 FF, 0xFF -> FF 00, then 00 01."""
+    out = bytearray()
+    for b in s:
+        out += b"\x00\xff" if b == 0 else b"\xff\x00" if b == 0xFF else bytes([b])
+    return bytes(out) + b"\x00\x01"
+
+
+def _ordered_uint(n: int) -> bytes:
+    """OrderedCode's increasing encoding of an unsigned number: byte count, then big-endian."""
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b""
+    return bytes([len(body)]) + body
+
+
+def _ordered_int(v: int) -> bytes:
+    """OrderedCode's increasing encoding of a signed 64-bit number: L bytes, two's complement
+    big-endian, whose top L bits are flipped (set for v >= 0) to say the length."""
+    x = ~v if v < 0 else v
+    n = (x.bit_length() + 1 + 6) // 7  # L bytes hold 7L - 1 magnitude bits
+    header = ((1 << n) - 1) << (7 * n)
+    return ((v % (1 << (8 * n))) ^ header).to_bytes(n, "big")
+
+
+def encode_slice_key(name: str, extents: tuple[tuple[int, int], ...]) -> bytes:
+    """The index key under which one slice of tensor `name` is stored (TensorFlow's
+    EncodeTensorNameSlice): 0, the name, the rank, then each dimension's start and length."""
+    out = _ordered_uint(0) + _ordered_string(name.encode("utf-8", errors="surrogateescape"))
+    out += _ordered_uint(len(extents))
+    for start, length in extents:
+        out += _ordered_int(start) + _ordered_int(length)
+    return out

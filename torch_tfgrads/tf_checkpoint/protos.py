@@ -38,7 +38,7 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str | None]]] = {
     ],
     "TensorSliceProto.Extent": [
         ("start", 1, _F.TYPE_INT64, _OPT, None),
-        ("length", 2, _F.TYPE_INT64, _OPT, None),  # in a oneof upstream; presence is unused here
+        ("length", 2, _F.TYPE_INT64, _OPT, None),  # in oneof has_length: absent means "all"
     ],
     "TensorSliceProto": [
         ("extent", 1, _F.TYPE_MESSAGE, _REP, "TensorSliceProto.Extent"),
@@ -100,6 +100,9 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
             field = msg.field.add(name=fname, number=number, type=ftype, label=label)
             if type_name is not None:
                 field.type_name = f".{_PACKAGE}.{type_name}"
+        if full == "TensorSliceProto.Extent":  # length's presence matters (absent = full extent)
+            msg.oneof_decl.add(name="has_length")
+            msg.field[1].oneof_index = 0
     return fd
 
 
