@@ -50,9 +50,11 @@ for _num, _name in ((24, "float8_e5m2"), (25, "float8_e4m3fn"), (26, "float8_e4m
                     (28, "float8_e5m2fnuz")):
     if hasattr(torch, _name):
         _DTYPES[_num] = (_name, getattr(torch, _name))
+# Quantized types are stored as their integer representation, and read back as that integer.
+_DTYPES.update({11: ("qint8", torch.int8), 12: ("quint8", torch.uint8), 13: ("qint32", torch.int32),
+                15: ("qint16", torch.int16), 16: ("quint16", torch.uint16)})
 # Names of the other TF types, for messages only.
-_OTHER_DTYPES = {0: "invalid", 11: "qint8", 12: "quint8", 13: "qint32", 15: "qint16",
-                 16: "quint16", 20: "resource", 21: "variant", 27: "float8_e4m3b11fnuz",
+_OTHER_DTYPES = {0: "invalid", 20: "resource", 21: "variant", 27: "float8_e4m3b11fnuz",
                  29: "int4", 30: "uint4", 31: "int2", 32: "uint2", 33: "float4_e2m1fn"}
 
 

@@ -137,23 +137,31 @@ def _block_entries(block: bytes, what: str) -> Iterator[tuple[bytes, bytes]]:
 
 
 def read_table(data: bytes, name: str = "table") -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of the SSTable held in `data`, in key order. Raises `TableError` for a
-    bad magic number, a truncated file, a checksum mismatch or keys out of order."""
+    """Every (key, value) of the SSTable held in `data`, in key order. Raises `TableError`
+    (starting with `name`) for a bad magic number, a truncated file, a checksum mismatch or keys
+    out of order."""
+    try:
+        return _read_table(data)
+    except TableError as e:
+        raise TableError(f"{name}: {e}") from None
+
+
+def _read_table(data: bytes) -> list[tuple[bytes, bytes]]:
     if len(data) < FOOTER_SIZE:
-        raise TableError(f"{name}: {len(data)} bytes, shorter than a table footer (truncated?)")
+        raise TableError(f"{len(data)} bytes, shorter than a table footer (truncated?)")
     footer = data[-FOOTER_SIZE:]
     lo, hi = struct.unpack_from("<II", footer, FOOTER_SIZE - 8)
     if (hi << 32) | lo != MAGIC:
-        raise TableError(f"{name}: bad magic number (not an SSTable, or truncated)")
-    _metaindex, pos = _handle(footer, 0, 40, f"{name} footer")
-    index_handle, _ = _handle(footer, pos, 40, f"{name} footer")
-    index = _read_block(data, index_handle, f"{name} index block")
+        raise TableError("bad magic number (not an SSTable, or truncated)")
+    _metaindex, pos = _handle(footer, 0, 40, "footer")
+    index_handle, _ = _handle(footer, pos, 40, "footer")
+    index = _read_block(data, index_handle, "index block")
     out: list[tuple[bytes, bytes]] = []
-    for _sep, value in _block_entries(index, f"{name} index block"):
-        handle, _ = _handle(value, 0, len(value), f"{name} index entry")
-        what = f"{name} data block"
+    for _sep, value in _block_entries(index, "index block"):
+        handle, _ = _handle(value, 0, len(value), "index entry")
+        what = "data block"
         for key, val in _block_entries(_read_block(data, handle, what), what):
             if out and key <= out[-1][0]:
-                raise TableError(f"{name}: keys out of order ({out[-1][0]!r}, {key!r})")
+                raise TableError(f"keys out of order ({out[-1][0]!r}, {key!r})")
             out.append((key, val))
     return out
