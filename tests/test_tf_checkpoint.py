@@ -443,3 +443,69 @@ def test_protos_match_tensorflow(tf):
                          (protos.TrackableObjectGraph,
                           trackable_object_graph_pb2.TrackableObjectGraph)]:
         assert fields(ours.DESCRIPTOR) == fields(theirs.DESCRIPTOR), ours.DESCRIPTOR.name
+
+
+# ------------------------------------------------- an index rewritten with snappy-compressed blocks
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _snappy_literals(raw):
+    """A valid snappy stream made of literals only (what a compressor emits for random data)."""
+    out = bytearray(_varint(len(raw)))
+    for i in range(0, len(raw), 65536):
+        chunk = raw[i:i + 65536]
+        n = len(chunk) - 1
+        out += bytes([n << 2]) if n < 60 else bytes([60 << 2, n]) if n < 256 else \
+            bytes([61 << 2]) + n.to_bytes(2, "little")
+        out += chunk
+    return bytes(out)
+
+
+def _write_table(items, snappy):
+    """A LevelDB-format table of `items` (one data block, a restart at every entry)."""
+    import struct
+
+    def block(entries):
+        body, restarts = bytearray(), []
+        for k, v in entries:
+            restarts.append(len(body))
+            body += _varint(0) + _varint(len(k)) + _varint(len(v)) + k + v
+        restarts = restarts or [0]
+        return bytes(body) + struct.pack(f"<{len(restarts) + 1}I", *restarts, len(restarts))
+
+    out = bytearray()
+
+    def put(raw):
+        data, ctype = (_snappy_literals(raw), 1) if snappy else (raw, 0)
+        handle = _varint(len(out)) + _varint(len(data))
+        out.extend(data + bytes([ctype]))
+        out.extend(struct.pack("<I", crc.mask(crc.extend(crc.crc32c(data), bytes([ctype])))))
+        return handle
+
+    data_handle = put(block(items))
+    meta_handle = put(block([]))
+    index_handle = put(block([(items[-1][0], data_handle)]))
+    footer = (meta_handle + index_handle).ljust(40, b"\0")
+    return bytes(out) + footer + struct.pack("<Q", 0xDB4775248B80FB57)
+
+
+@pytest.mark.needs_tf
+@pytest.mark.parametrize("snappy", [False, True])
+def test_rewritten_index(ckpts, copy, snappy):
+    from torch_tfgrads.tf_checkpoint.sstable import read_table
+
+    with open(f"{copy}.index", "rb") as f:
+        items = read_table(f.read())
+    with open(f"{copy}.index", "wb") as f:
+        f.write(_write_table(items, snappy))
+    ours, ref = tf_checkpoint.read(copy), tf_checkpoint.read(ckpts["dtypes"])
+    assert list(ours) == list(ref)
+    assert all(_bytes_of(ours[k]) == _bytes_of(ref[k]) for k in ref
+               if isinstance(ref[k], torch.Tensor))

@@ -178,7 +178,7 @@ class Bundle:
     def data_path(self, shard: int) -> str:
         return data_path(self.prefix, shard, self.header.num_shards)
 
-    def read_bytes(self, entries: list[Entry]) -> dict[str, bytes]:
+    def read_bytes(self, entries: list[Entry]) -> dict[str, bytearray]:
         """The checked raw bytes of `entries`, read shard by shard in file order."""
         out: dict[str, bytes] = {}
         by_shard: dict[int, list[Entry]] = {}
@@ -199,8 +199,8 @@ class Bundle:
                             f"{path}: key {e.key!r}: bytes {e.offset}..{e.offset + e.size} lie "
                             f"past the end of the file ({file_size} bytes; truncated?)")
                     f.seek(e.offset)
-                    buf = f.read(e.size)
-                    if len(buf) != e.size:
+                    buf = bytearray(e.size)  # decoded in place by torch.frombuffer, no copy
+                    if f.readinto(buf) != e.size:
                         raise CheckpointError(f"{path}: key {e.key!r}: short read (truncated?)")
                     if e.dtype_enum != 7 and _crc.mask(_crc.crc32c(buf)) != e.crc32c:
                         raise CheckpointError(f"{path}: key {e.key!r}: checksum mismatch "
@@ -256,7 +256,7 @@ class Bundle:
             out[e.key] = full
         return out
 
-    def decode(self, entry: Entry, buf: bytes):
+    def decode(self, entry: Entry, buf: bytearray):
         """The tensor of `entry` from its raw bytes (checked by `read_bytes`): a torch tensor,
         or for a string tensor a numpy object array of `bytes`."""
         where = f"{self.data_path(entry.shard_id)}: key {entry.key!r}"
@@ -271,14 +271,14 @@ class Bundle:
                                   f"{entry.dtype}")
         if entry.numel == 0:
             return torch.empty(entry.shape, dtype=dtype)
-        t = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+        t = torch.frombuffer(buf, dtype=torch.uint8)
         if self.header.endianness == "big" and itemsize > 1:
             lanes = 2 if dtype.is_complex else 1
             t = t.view(-1, itemsize // lanes).flip(-1).reshape(-1)
         return t.view(dtype).reshape(entry.shape)
 
 
-def _decode_strings(entry: Entry, buf: bytes, where: str) -> np.ndarray:
+def _decode_strings(entry: Entry, buf: bytearray, where: str) -> np.ndarray:
     n, pos, lengths = entry.numel, 0, []
     for _ in range(n):
         length, shift = 0, 0
