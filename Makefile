@@ -59,7 +59,7 @@ export PATH := $(CCACHE_LINKS):$(PATH)
 endif
 
 .PHONY: demo test build deps test-deps lint-deps lint format venv bench cuda-check sanitize \
-	sanitize-build clean FORCE
+	sanitize-build gpu-test clean FORCE
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -155,9 +155,16 @@ sanitize: sanitize-build $(TEST_STAMP)
 
 sanitize-build: build
 	rm -rf $(SAN_BUILD) && mkdir -p $(SAN_BUILD)
-	cp -r setup.py pyproject.toml README.md csrc torch_tfgrads tests $(SAN_BUILD)/
+	cp -r setup.py pyproject.toml README.md CHANGELOG.md LICENSE docs tools benchmarks csrc torch_tfgrads tests $(SAN_BUILD)/
 	rm -f $(SAN_BUILD)/torch_tfgrads/*.so $(SAN_BUILD)/torch_tfgrads/_build_info.py
 	cd $(SAN_BUILD) && TFGRADS_SANITIZE=1 USE_CUDA=0 $(abspath $(VPY)) setup.py -q build_ext --inplace
+
+# The GPU test kit, for a machine with a CUDA build of torch in `python3`, nvcc and no network:
+# builds in place for the visible GPU, check-build --require-cuda, every needs_cuda test with
+# TFGRADS_REQUIRE_CUDA=1, compute-sanitizer memcheck + racecheck over tools/cuda_smoke.py; a
+# summary and logs in GPU_REPORT_DIR (default build/gpu-report). Installs nothing.
+gpu-test:
+	PYTHON=$${PYTHON:-python3} bash tools/gpu_test.sh
 
 clean:
 	rm -rf build torch_tfgrads/*.so torch_tfgrads/_build_info.py *.egg-info
