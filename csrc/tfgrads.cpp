@@ -49,7 +49,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "fractional_avg_pool(Tensor value, float[] pooling_ratio, bool pseudo_random=False, "
       "bool overlapping=False, bool deterministic=False, int seed=0, int seed2=0) -> "
       "(Tensor output, Tensor row_pooling_sequence, Tensor col_pooling_sequence)",
-      {at::Tag::nondeterministic_seeded});
+      {at::Tag::nondeterministic_seeded, at::Tag::cudagraph_unsafe});
   m.def(
       "fractional_avg_pool_grad(SymInt[] orig_input_tensor_shape, Tensor out_backprop, "
       "Tensor row_pooling_sequence, Tensor col_pooling_sequence, bool overlapping=False) -> "
@@ -58,7 +58,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "fractional_max_pool(Tensor value, float[] pooling_ratio, bool pseudo_random=False, "
       "bool overlapping=False, bool deterministic=False, int seed=0, int seed2=0) -> "
       "(Tensor output, Tensor row_pooling_sequence, Tensor col_pooling_sequence)",
-      {at::Tag::nondeterministic_seeded});
+      {at::Tag::nondeterministic_seeded, at::Tag::cudagraph_unsafe});
   m.def(
       "fractional_max_pool_grad(Tensor orig_input, Tensor orig_output, Tensor out_backprop, "
       "Tensor row_pooling_sequence, Tensor col_pooling_sequence, bool overlapping=False) -> "
@@ -89,15 +89,15 @@ TORCH_LIBRARY(tfgrads, m) {
   // supported; sizes by TF's kernel rule (truncating division).
   m.def(
       "depthwise_conv2d_native(Tensor input, Tensor filter, int[] strides, str padding, "
-      "int[] explicit_paddings=[], str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> "
+      "int[]? explicit_paddings=None, str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> "
       "Tensor");
   m.def(
       "depthwise_conv2d_native_backprop_input(SymInt[] input_sizes, Tensor filter, "
-      "Tensor out_backprop, int[] strides, str padding, int[] explicit_paddings=[], "
+      "Tensor out_backprop, int[] strides, str padding, int[]? explicit_paddings=None, "
       "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
   m.def(
       "depthwise_conv2d_native_backprop_filter(Tensor input, SymInt[] filter_sizes, "
-      "Tensor out_backprop, int[] strides, str padding, int[] explicit_paddings=[], "
+      "Tensor out_backprop, int[] strides, str padding, int[]? explicit_paddings=None, "
       "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
 
   // ---- CudnnRNN family ----------------------------------------------------------------------
@@ -126,7 +126,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "str direction=\"unidirectional\", float dropout=0.0, int seed=0, int seed2=0, "
       "int num_proj=0, bool is_training=True, bool time_major=True) -> (Tensor output, "
       "Tensor output_h, Tensor output_c, Tensor reserve_space, Tensor host_reserved)",
-      {at::Tag::nondeterministic_seeded});
+      {at::Tag::nondeterministic_seeded, at::Tag::cudagraph_unsafe});
   // tf.raw_ops.CudnnRNNBackpropV3: gradients of <output_backprop, output> + <output_h_backprop,
   // output_h> + <output_c_backprop, output_c>; params_backprop in the opaque layout. Needs the
   // forward's training reserve_space (its size is checked); host_reserved is ignored, as in TF.

@@ -172,3 +172,14 @@ def test_benchmark_row(op):
 def test_declared_exceptions_name_real_ops():
     for table in (INTERNAL, NO_AUTOGRAD, NO_BENCHMARK):
         assert set(table) <= set(OPS), set(table) - set(OPS)
+
+
+# Ops that draw host-side randomness (seeds 0, dropout) cannot be replayed from a CUDA graph:
+# the tag makes Inductor partition around them.
+CUDAGRAPH_UNSAFE = {"fractional_avg_pool", "fractional_max_pool", "cudnn_rnn_v3"}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cudagraph_unsafe_tag(op):
+    tags = getattr(torch.ops.tfgrads, op).default.tags
+    assert (torch.Tag.cudagraph_unsafe in tags) == (op in CUDAGRAPH_UNSAFE), (op, tags)

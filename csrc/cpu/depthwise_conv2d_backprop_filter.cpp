@@ -430,11 +430,11 @@ void filter_grad_channels_first(const scalar_t* x, const scalar_t* dy, scalar_t*
 
 at::Tensor depthwise_conv2d_native_backprop_filter_cpu(
     const at::Tensor& input, c10::SymIntArrayRef filter_sizes, const at::Tensor& out_backprop,
-    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    at::IntArrayRef strides, c10::string_view padding, at::OptionalIntArrayRef explicit_paddings,
     c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_backprop_filter(
       kBwdFilter, input, C10_AS_INTARRAYREF_SLOW(filter_sizes), out_backprop, strides, padding,
-      explicit_paddings, data_format, dilations);
+      explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
   at::Tensor df = at::empty(g.filter_shape(), input.options());
   if (df.numel() == 0) return df;
   if (out_backprop.numel() == 0 || input.numel() == 0) return df.zero_();

@@ -72,11 +72,11 @@ void backprop_input_channels_first(const scalar_t* f, const scalar_t* dy, scalar
 
 at::Tensor depthwise_conv2d_native_backprop_input_cpu(
     c10::SymIntArrayRef input_sizes, const at::Tensor& filter, const at::Tensor& out_backprop,
-    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    at::IntArrayRef strides, c10::string_view padding, at::OptionalIntArrayRef explicit_paddings,
     c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_backprop_input(
       kBwdInput, C10_AS_INTARRAYREF_SLOW(input_sizes), filter, out_backprop, strides, padding,
-      explicit_paddings, data_format, dilations);
+      explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
   const ChannelLayout l = choose_channel_layout(out_backprop, g.cdim(), !g.nchw);
   at::Tensor dx = empty_in_layout(g.input_shape(), l, out_backprop.options());
   if (dx.numel() == 0) return dx;

@@ -137,15 +137,15 @@ inline at::Tensor nhwc_view(const at::Tensor& t, const Geometry& g) {
 // The ops (depthwise_conv2d_forward.cpp, _backprop_input.cpp, _backprop_filter.cpp).
 at::Tensor depthwise_conv2d_native_cpu(const at::Tensor& input, const at::Tensor& filter,
                                        at::IntArrayRef strides, c10::string_view padding,
-                                       at::IntArrayRef explicit_paddings,
+                                       at::OptionalIntArrayRef explicit_paddings,
                                        c10::string_view data_format, at::IntArrayRef dilations);
 at::Tensor depthwise_conv2d_native_backprop_input_cpu(
     c10::SymIntArrayRef input_sizes, const at::Tensor& filter, const at::Tensor& out_backprop,
-    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    at::IntArrayRef strides, c10::string_view padding, at::OptionalIntArrayRef explicit_paddings,
     c10::string_view data_format, at::IntArrayRef dilations);
 at::Tensor depthwise_conv2d_native_backprop_filter_cpu(
     const at::Tensor& input, c10::SymIntArrayRef filter_sizes, const at::Tensor& out_backprop,
-    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    at::IntArrayRef strides, c10::string_view padding, at::OptionalIntArrayRef explicit_paddings,
     c10::string_view data_format, at::IntArrayRef dilations);
 
 }  // namespace depthwise_cpu

@@ -64,10 +64,10 @@ void forward_channels_first(const scalar_t* x, const scalar_t* f, scalar_t* out,
 
 at::Tensor depthwise_conv2d_native_cpu(const at::Tensor& input, const at::Tensor& filter,
                                        at::IntArrayRef strides, c10::string_view padding,
-                                       at::IntArrayRef explicit_paddings,
+                                       at::OptionalIntArrayRef explicit_paddings,
                                        c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_forward(kFwd, input, filter, strides, padding,
-                                              explicit_paddings, data_format, dilations);
+                                              explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
   const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
   at::Tensor out = empty_in_layout(g.output_shape(), l, input.options());
   if (out.numel() == 0) return out;

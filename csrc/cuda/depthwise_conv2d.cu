@@ -186,11 +186,11 @@ __global__ void filter_grad_sum_kernel(const at::opmath_type<scalar_t>* __restri
 
 at::Tensor depthwise_conv2d_native_cuda(const at::Tensor& input, const at::Tensor& filter,
                                         at::IntArrayRef strides, c10::string_view padding,
-                                        at::IntArrayRef explicit_paddings,
+                                        at::OptionalIntArrayRef explicit_paddings,
                                         c10::string_view data_format,
                                         at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_forward(kFwd, input, filter, strides, padding,
-                                              explicit_paddings, data_format, dilations);
+                                              explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
   c10::cuda::CUDAGuard guard(input.device());
   const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
   at::Tensor out = empty_in_layout(g.output_shape(), l, input.options());
@@ -215,11 +215,11 @@ at::Tensor depthwise_conv2d_native_cuda(const at::Tensor& input, const at::Tenso
 
 at::Tensor depthwise_conv2d_native_backprop_input_cuda(
     c10::SymIntArrayRef input_sizes, const at::Tensor& filter, const at::Tensor& out_backprop,
-    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    at::IntArrayRef strides, c10::string_view padding, at::OptionalIntArrayRef explicit_paddings,
     c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_backprop_input(
       kBwdInput, C10_AS_INTARRAYREF_SLOW(input_sizes), filter, out_backprop, strides, padding,
-      explicit_paddings, data_format, dilations);
+      explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
   c10::cuda::CUDAGuard guard(out_backprop.device());
   const ChannelLayout l = choose_channel_layout(out_backprop, g.cdim(), !g.nchw);
   at::Tensor dx = empty_in_layout(g.input_shape(), l, out_backprop.options());
@@ -244,11 +244,11 @@ at::Tensor depthwise_conv2d_native_backprop_input_cuda(
 
 at::Tensor depthwise_conv2d_native_backprop_filter_cuda(
     const at::Tensor& input, c10::SymIntArrayRef filter_sizes, const at::Tensor& out_backprop,
-    at::IntArrayRef strides, c10::string_view padding, at::IntArrayRef explicit_paddings,
+    at::IntArrayRef strides, c10::string_view padding, at::OptionalIntArrayRef explicit_paddings,
     c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_backprop_filter(
       kBwdFilter, input, C10_AS_INTARRAYREF_SLOW(filter_sizes), out_backprop, strides, padding,
-      explicit_paddings, data_format, dilations);
+      explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
   c10::cuda::CUDAGuard guard(input.device());
   at::Tensor df = at::empty(g.filter_shape(), input.options());
   if (df.numel() == 0) return df;

@@ -79,7 +79,7 @@ class DepthwiseConv2d(torch.nn.Module):
         self._check_input(x)
         fmt = "NCHW" if self.data_format == "channels_first" else "NHWC"
         y = depthwise_conv2d_native(x, self.depthwise_kernel, self._attr4(self.strides),
-                                    self.padding, [], fmt, self._attr4(self.dilation_rate))
+                                    self.padding, None, fmt, self._attr4(self.dilation_rate))
         if self.bias is not None:
             y = y + (self.bias.view(-1, 1, 1) if fmt == "NCHW" else self.bias)
         return y

@@ -16,6 +16,12 @@ from .layout import channel_layout_perm, empty_in_layout
 
 
 # ---- public functions -------------------------------------------------------------------------
+def _paddings(explicit_paddings):
+    """`explicit_paddings` for the op: None when empty. The schema takes `int[]?` because
+    AOTInductor's proxy executor hands an empty int list to the op as None."""
+    return [int(p) for p in explicit_paddings] if explicit_paddings else None
+
+
 def _sizes_list(sizes, op, name, tf_op):
     """`input_sizes` / `filter_sizes` as TF takes them: an int tensor (1-D), list or Size."""
     if isinstance(sizes, torch.Tensor):
@@ -45,12 +51,12 @@ def depthwise_conv2d_native(
     filter: torch.Tensor,
     strides: Sequence[int],
     padding: str,
-    explicit_paddings: Sequence[int] = (),
+    explicit_paddings: Sequence[int] | None = (),
     data_format: str = "NHWC",
     dilations: Sequence[int] = (1, 1, 1, 1),
 ) -> torch.Tensor:
     return torch.ops.tfgrads.depthwise_conv2d_native.default(
-        input, filter, list(strides), padding, list(explicit_paddings), data_format,
+        input, filter, list(strides), padding, _paddings(explicit_paddings), data_format,
         list(dilations))
 
 
@@ -60,14 +66,14 @@ def depthwise_conv2d_native_backprop_input(
     out_backprop: torch.Tensor,
     strides: Sequence[int],
     padding: str,
-    explicit_paddings: Sequence[int] = (),
+    explicit_paddings: Sequence[int] | None = (),
     data_format: str = "NHWC",
     dilations: Sequence[int] = (1, 1, 1, 1),
 ) -> torch.Tensor:
     op = "depthwise_conv2d_native_backprop_input"
     return torch.ops.tfgrads.depthwise_conv2d_native_backprop_input.default(
         _sizes_list(input_sizes, op, "input_sizes", "Conv2DBackpropInput"), filter,
-        out_backprop, list(strides), padding, list(explicit_paddings), data_format,
+        out_backprop, list(strides), padding, _paddings(explicit_paddings), data_format,
         list(dilations))
 
 
@@ -77,14 +83,14 @@ def depthwise_conv2d_native_backprop_filter(
     out_backprop: torch.Tensor,
     strides: Sequence[int],
     padding: str,
-    explicit_paddings: Sequence[int] = (),
+    explicit_paddings: Sequence[int] | None = (),
     data_format: str = "NHWC",
     dilations: Sequence[int] = (1, 1, 1, 1),
 ) -> torch.Tensor:
     op = "depthwise_conv2d_native_backprop_filter"
     return torch.ops.tfgrads.depthwise_conv2d_native_backprop_filter.default(
         input, _sizes_list(filter_sizes, op, "filter_sizes", "Conv2DBackpropFilter"),
-        out_backprop, list(strides), padding, list(explicit_paddings), data_format,
+        out_backprop, list(strides), padding, _paddings(explicit_paddings), data_format,
         list(dilations))
 
 
@@ -125,6 +131,7 @@ _DW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _dw_attrs(op, strides, padding, explicit_paddings, data_format, dilations):
+    explicit_paddings = () if explicit_paddings is None else explicit_paddings
     torch._check_value(data_format in ("NHWC", "NCHW"), lambda: (
         f"{op}: argument 'data_format': Value for attr 'data_format' of \"{data_format}\" is not "
         'in the list of allowed values: "NHWC", "NCHW"'))
@@ -262,7 +269,7 @@ def _dw_empty_like_layout(t, shape, nchw):
 
 
 @torch.library.register_fake("tfgrads::depthwise_conv2d_native")
-def _depthwise_conv2d_native_fake(input, filter, strides, padding, explicit_paddings=(),
+def _depthwise_conv2d_native_fake(input, filter, strides, padding, explicit_paddings=None,
                                   data_format="NHWC", dilations=(1, 1, 1, 1)):
     op = _DW_FWD
     nchw, st, dil, pads = _dw_attrs(op, strides, padding, explicit_paddings, data_format,
@@ -286,7 +293,7 @@ def _depthwise_conv2d_native_fake(input, filter, strides, padding, explicit_padd
 
 @torch.library.register_fake("tfgrads::depthwise_conv2d_native_backprop_input")
 def _depthwise_conv2d_native_backprop_input_fake(input_sizes, filter, out_backprop, strides,
-                                                 padding, explicit_paddings=(),
+                                                 padding, explicit_paddings=None,
                                                  data_format="NHWC", dilations=(1, 1, 1, 1)):
     op = _DW_BI
     nchw, st, dil, pads = _dw_attrs(op, strides, padding, explicit_paddings, data_format,
@@ -302,7 +309,7 @@ def _depthwise_conv2d_native_backprop_input_fake(input_sizes, filter, out_backpr
 
 @torch.library.register_fake("tfgrads::depthwise_conv2d_native_backprop_filter")
 def _depthwise_conv2d_native_backprop_filter_fake(input, filter_sizes, out_backprop, strides,
-                                                  padding, explicit_paddings=(),
+                                                  padding, explicit_paddings=None,
                                                   data_format="NHWC", dilations=(1, 1, 1, 1)):
     op = _DW_BF
     nchw, st, dil, pads = _dw_attrs(op, strides, padding, explicit_paddings, data_format,
