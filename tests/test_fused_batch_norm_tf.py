@@ -140,6 +140,11 @@ BAD_INPUTS = {
 DIFFERENT = {"FBNG3 inference NCHW": "ok", "FBNG3 scale dtype half": "scale",
              "FBN3 half scale (U=half)": "scale", "FBN3 bf16 x, bf16 U": "scale"}
 
+# The exception type of each rejected case (docs/errors.md); every other rejection is a
+# RuntimeError (shapes that do not fit).
+ERROR_TYPE = {"FBN3 bad data_format": ValueError, "FBNG3 scale dtype half": TypeError,
+              "FBN3 half scale (U=half)": TypeError, "FBN3 bf16 x, bf16 U": TypeError}
+
 
 def run_tf(tf, kind, args, kw):
     if kind == "fwd":
@@ -169,8 +174,9 @@ def test_bad_and_edge_inputs_like_tensorflow(tf, name):
         tf_error = tf_message(e)
     expect = DIFFERENT.get(name)
     if tf_error is not None and expect != "ok":
-        with pytest.raises((RuntimeError, ValueError)) as info:
+        with pytest.raises(Exception) as info:
             ours_fn(*args, **kw)
+        assert type(info.value) is ERROR_TYPE.get(name, RuntimeError), repr(info.value)
         ours_msg = str(info.value)
         assert "argument '" in ours_msg
         if expect is None:

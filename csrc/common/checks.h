@@ -26,8 +26,9 @@ inline void check_same_device(const at::Tensor& ref, const at::Tensor& t, const 
 
 inline void check_dtype(const at::Tensor& t, at::ScalarType expected, const char* op,
                         const char* name, const char* why) {
-  TORCH_CHECK(t.scalar_type() == expected, op, ": argument '", name, "' must be a ",
-              c10::toString(expected), " tensor (", why, "), got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK_TYPE(t.scalar_type() == expected, op, ": argument '", name, "' must be a ",
+                   c10::toString(expected), " tensor (", why, "), got ",
+                   c10::toString(t.scalar_type()));
 }
 
 }  // namespace torch_tfgrads

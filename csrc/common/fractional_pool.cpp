@@ -52,8 +52,8 @@ std::string debug_string(const at::Tensor& t) {
 
 // A sequence tensor's values on the host, flattened (TF flattens sequences of any rank).
 std::vector<int64_t> host_values(const char* op, const char* name, const at::Tensor& seq) {
-  TORCH_CHECK(seq.scalar_type() == at::kLong, op, ": argument '", name,
-              "' must be an int64 tensor, got ", seq.scalar_type());
+  TORCH_CHECK_TYPE(seq.scalar_type() == at::kLong, op, ": argument '", name,
+                   "' must be an int64 tensor, got ", seq.scalar_type());
   const at::Tensor flat = seq.reshape({-1}).to(at::kCPU).contiguous();
   const int64_t* p = flat.data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + flat.numel());
@@ -216,32 +216,32 @@ at::Tensor pack_plans(const AxisPlan& rows, const AxisPlan& cols, PackedPlan* o)
 
 void check_value_dtype(const char* op, const char* name, const at::Tensor& t) {
   const auto s = t.scalar_type();
-  TORCH_CHECK(s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong ||
-                  s == at::kHalf || s == at::kBFloat16,
-              op, ": argument '", name, "' must be float32, float64, int32, int64, float16 or "
-              "bfloat16, got ", s);
+  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong ||
+                       s == at::kHalf || s == at::kBFloat16,
+                   op, ": argument '", name, "' must be float32, float64, int32, int64, float16 "
+                   "or bfloat16, got ", s);
 }
 
 PoolShape check_pool(const char* op, bool is_max, const at::Tensor& value,
                      c10::ArrayRef<double> pooling_ratio, bool deterministic, int64_t seed,
                      int64_t seed2) {
   const int64_t n = static_cast<int64_t>(pooling_ratio.size());
-  TORCH_CHECK(n >= 4, op, ": argument 'pooling_ratio': Length for attr 'pooling_ratio' of ", n,
-              " must be at least minimum 4");
-  TORCH_CHECK(n == 4, op, ": argument 'pooling_ratio': pooling_ratio field must specify 4 "
-              "dimensions");
+  TORCH_CHECK_VALUE(n >= 4, op, ": argument 'pooling_ratio': Length for attr 'pooling_ratio' of ",
+                    n, " must be at least minimum 4");
+  TORCH_CHECK_VALUE(n == 4, op, ": argument 'pooling_ratio': pooling_ratio field must specify 4 "
+                    "dimensions");
   float ratio[4];  // TF stores float attrs as float32
   for (int i = 0; i < 4; ++i) {
     ratio[i] = static_cast<float>(pooling_ratio[i]);
-    TORCH_CHECK(ratio[i] >= 1.0f, op, ": argument 'pooling_ratio': pooling_ratio cannot be "
-                "smaller than 1, got: ", format_float(ratio[i]));
+    TORCH_CHECK_VALUE(ratio[i] >= 1.0f, op, ": argument 'pooling_ratio': pooling_ratio cannot "
+                      "be smaller than 1, got: ", format_float(ratio[i]));
   }
   TORCH_CHECK_NOT_IMPLEMENTED(ratio[0] == 1.0f && ratio[3] == 1.0f, op,
                               ": argument 'pooling_ratio': Fractional ",
                               is_max ? "max" : "average",
                               " pooling is not yet supported on the batch nor channel dimension.");
-  TORCH_CHECK(deterministic || (seed == 0 && seed2 == 0), op, ": argument 'seed': Both seed and "
-              "seed2 should be 0 if deterministic is false.");
+  TORCH_CHECK_VALUE(deterministic || (seed == 0 && seed2 == 0), op, ": argument 'seed': Both "
+                    "seed and seed2 should be 0 if deterministic is false.");
   TORCH_CHECK(value.dim() == 4, op, ": argument 'value': tensor_in must be 4-dimensional");
   check_value_dtype(op, "value", value);
   int64_t out[4];
@@ -257,9 +257,9 @@ PoolShape check_pool(const char* op, bool is_max, const at::Tensor& value,
 
 std::vector<int64_t> pooling_sequence(int64_t input_length, int64_t output_length,
                                       bool pseudo_random, int64_t seed, int64_t seed2) {
-  TORCH_CHECK(output_length >= 1 && output_length <= input_length,
-              "fractional_pooling_sequence: argument 'output_length' must be in [1, "
-              "input_length = ", input_length, "], got ", output_length);
+  TORCH_CHECK_VALUE(output_length >= 1 && output_length <= input_length,
+                    "fractional_pooling_sequence: argument 'output_length' must be in [1, "
+                    "input_length = ", input_length, "], got ", output_length);
   resolve_seeds(seed, seed2);
   philox::GuardedPhilox gen(static_cast<uint64_t>(seed), static_cast<uint64_t>(seed2));
   return generate(input_length, output_length, gen, pseudo_random);
@@ -276,8 +276,8 @@ std::pair<at::Tensor, at::Tensor> pooling_sequences(const PoolShape& s, bool pse
 
 GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig, const at::Tensor& dy,
                         const at::Tensor& row_seq, const at::Tensor& col_seq, bool overlapping) {
-  TORCH_CHECK(orig.size() == 4, op, ": argument 'orig_input_tensor_shape': original input "
-              "tensor shape must be1-dimensional and 4 elements");
+  TORCH_CHECK_VALUE(orig.size() == 4, op, ": argument 'orig_input_tensor_shape': original "
+                    "input tensor shape must be1-dimensional and 4 elements");
   TORCH_CHECK(dy.dim() == 4, op, ": argument 'out_backprop': out_backprop must be "
               "4-dimensional");
   for (int i = 0; i < 4; ++i)
@@ -297,16 +297,16 @@ GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig, const at::Tensor&
               cols.size());
   const char* dim_names[4] = {"Batch", "Rows", "Columns", "Depth"};
   for (int i = 0; i < 4; ++i)
-    TORCH_CHECK(orig[i] != 0, op, ": argument 'orig_input_tensor_shape': ", dim_names[i],
-                " dimension of input must not be 0");
+    TORCH_CHECK_VALUE(orig[i] != 0, op, ": argument 'orig_input_tensor_shape': ", dim_names[i],
+                      " dimension of input must not be 0");
   int64_t numel = 1;
   for (int i = 0; i < 4; ++i) {
-    TORCH_CHECK(orig[i] >= 0, op, ": argument 'orig_input_tensor_shape': Expected a "
-                "non-negative size, got ", orig[i]);
+    TORCH_CHECK_VALUE(orig[i] >= 0, op, ": argument 'orig_input_tensor_shape': Expected a "
+                      "non-negative size, got ", orig[i]);
     int64_t product;
     const bool overflow = __builtin_mul_overflow(numel, orig[i], &product);
-    TORCH_CHECK(!overflow, op, ": argument 'orig_input_tensor_shape': Encountered overflow when "
-                "multiplying ", numel, " with ", orig[i], ", result: -1");
+    TORCH_CHECK_VALUE(!overflow, op, ": argument 'orig_input_tensor_shape': Encountered "
+                      "overflow when multiplying ", numel, " with ", orig[i], ", result: -1");
     numel = product;
   }
   // TF writes out of bounds past these (heap corruption in TF 2.21). Smaller is TF-valid: the
@@ -349,10 +349,13 @@ GradPlan check_max_grad(const char* op, const at::Tensor& x, const at::Tensor& y
   TORCH_CHECK(col_seq.dim() == 1, op, ": argument 'col_pooling_sequence': col_pooling_sequence "
               "must be a vector, received shape ", tf_shape(col_seq.sizes()));
   check_value_dtype(op, "orig_input", x);
-  TORCH_CHECK(y.scalar_type() == x.scalar_type(), op, ": argument 'orig_output' must have the "
-              "dtype of orig_input (", x.scalar_type(), "), got ", y.scalar_type());
-  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), op, ": argument 'out_backprop' must have the "
-              "dtype of orig_input (", x.scalar_type(), "), got ", dy.scalar_type());
+  TORCH_CHECK_TYPE(y.scalar_type() == x.scalar_type(), op, ": argument 'orig_output' must have "
+                   "the dtype of orig_input (", x.scalar_type(), "), got ", y.scalar_type());
+  TORCH_CHECK_TYPE(dy.scalar_type() == x.scalar_type(), op, ": argument 'out_backprop' must "
+                   "have the dtype of orig_input (", x.scalar_type(), "), got ",
+                   dy.scalar_type());
+  check_same_device(x, y, op, "orig_input", "orig_output");
+  check_same_device(x, dy, op, "orig_input", "out_backprop");
   // The checks below are missing in TF 2.21, which then corrupts its heap or reads garbage.
   TORCH_CHECK(y.size(0) == x.size(0) && y.size(3) == x.size(3), op, ": argument 'orig_output': "
               "orig_output must have the batch and depth of orig_input, got ",

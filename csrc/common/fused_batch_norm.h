@@ -37,9 +37,9 @@ inline bool parse_channels_first(c10::string_view fmt, const char* op) {
 // Statistics and parameters are float32 (TF's U), or float64 when x is (gradcheck).
 inline at::ScalarType param_dtype(const at::Tensor& x, const char* op, const char* name) {
   const auto t = x.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, op,
-              ": argument '", name, "' must be float16, bfloat16, float32 or float64, got ",
-              c10::toString(t));
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                   op, ": argument '", name, "' must be float16, bfloat16, float32 or float64, "
+                   "got ", c10::toString(t));
   return t == at::kDouble ? at::kDouble : at::kFloat;
 }
 
@@ -162,9 +162,10 @@ inline Backward prepare_backward(const at::Tensor& y_backprop, const at::Tensor&
   Backward b;
   b.channels_first_format = parse_channels_first(data_format, op);
   const auto pdt = param_dtype(x, op, "x");
-  TORCH_CHECK(y_backprop.scalar_type() == x.scalar_type(), op,
-              ": argument 'y_backprop' must have the dtype of x (", c10::toString(x.scalar_type()),
-              "), got ", c10::toString(y_backprop.scalar_type()));
+  TORCH_CHECK_TYPE(y_backprop.scalar_type() == x.scalar_type(), op,
+                   ": argument 'y_backprop' must have the dtype of x (",
+                   c10::toString(x.scalar_type()), "), got ",
+                   c10::toString(y_backprop.scalar_type()));
   check_rank_4_or_5(y_backprop, op, "y_backprop");
   check_rank_4_or_5(x, op, "x");
   check_vector(scale, op, "scale", "scale");

@@ -24,6 +24,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/checks.h"
 #include "common/fractional_pool.h"
 
 namespace torch_tfgrads {
@@ -270,6 +271,7 @@ at::Tensor max_grad_common(const char* op, const at::Tensor& orig_input,
       op, orig_input, orig_output, backward_of_grad ? orig_output : grad_in, row_seq, col_seq,
       overlapping);
   if (backward_of_grad) {
+    check_same_device(orig_input, grad_in, op, "orig_input", "grad");
     TORCH_CHECK(grad_in.sizes() == orig_input.sizes() &&
                     grad_in.scalar_type() == orig_input.scalar_type(),
                 op, ": argument 'grad' must have the shape and dtype of orig_input");

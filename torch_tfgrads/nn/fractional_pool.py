@@ -5,14 +5,24 @@ from ..ops import fractional_avg_pool, fractional_max_pool
 from ._checks import check_input
 
 
-def _ratio4(pooling_ratio):
+def _ratio4(module, pooling_ratio):
     """A float, an (r_h, r_w) pair or TF's full [1, r_h, r_w, 1]."""
+    def bad():
+        return ValueError(f"{module}: argument 'pooling_ratio' must be a number >= 1, a pair "
+                          f"(r_h, r_w) or [1, r_h, r_w, 1] with r_h, r_w >= 1, got "
+                          f"{pooling_ratio!r}")
     if isinstance(pooling_ratio, (int, float)):
-        return [1.0, float(pooling_ratio), float(pooling_ratio), 1.0]
-    r = [float(v) for v in pooling_ratio]
-    if len(r) == 2:
-        return [1.0, r[0], r[1], 1.0]
-    return r  # the op checks the length, the range and the batch/channel entries
+        r = [1.0, float(pooling_ratio), float(pooling_ratio), 1.0]
+    else:
+        try:
+            r = [float(v) for v in pooling_ratio]
+        except (TypeError, ValueError):
+            raise bad() from None
+        if len(r) == 2:
+            r = [1.0, r[0], r[1], 1.0]
+    if len(r) != 4 or not all(v >= 1.0 for v in r):  # (also false for NaN)
+        raise bad()
+    return r  # batch/channel entries other than 1: the op raises NotImplementedError, as TF
 
 
 class _FractionalPool2d(torch.nn.Module):
@@ -21,7 +31,11 @@ class _FractionalPool2d(torch.nn.Module):
     def __init__(self, pooling_ratio, pseudo_random=False, overlapping=False,
                  deterministic=False, seed=0, seed2=0):
         super().__init__()
-        self.pooling_ratio = _ratio4(pooling_ratio)
+        name = type(self).__name__
+        self.pooling_ratio = _ratio4(name, pooling_ratio)
+        if not deterministic and (seed != 0 or seed2 != 0):
+            raise ValueError(f"{name}: argument 'seed': Both seed and seed2 should be 0 if "
+                             f"deterministic is false, got seed={seed!r}, seed2={seed2!r}")
         self.pseudo_random, self.overlapping = pseudo_random, overlapping
         self.deterministic = deterministic
         if deterministic and seed == 0 and seed2 == 0:
@@ -39,8 +53,8 @@ class _FractionalPool2d(torch.nn.Module):
 
     def forward(self, x):
         check_input(x.dim() == 4, lambda: (
-            f"{type(self).__name__}: the input must be 4-D NHWC, got shape {list(x.shape)} (for "
-            "NCHW use x.permute(0, 2, 3, 1))"))
+            f"{type(self).__name__}: argument 'x' must be a 4-D NHWC tensor, got shape "
+            f"{list(x.shape)} (for NCHW use x.permute(0, 2, 3, 1))"))
         out, rows, cols = type(self)._op(
             x, self.pooling_ratio, self.pseudo_random, self.overlapping, self.deterministic,
             self.seed, self.seed2)

@@ -27,10 +27,14 @@ class FusedBatchNorm(torch.nn.Module):
                  data_format="NHWC", device=None, dtype=None):
         super().__init__()
         if data_format not in _FORMATS:
-            raise ValueError(f"FusedBatchNorm: data_format must be one of {sorted(_FORMATS)}, "
-                             f"got {data_format!r}")
+            raise ValueError(f"FusedBatchNorm: argument 'data_format' must be one of "
+                             f"{sorted(_FORMATS)}, got {data_format!r}")
+        if not (isinstance(num_features, int) and num_features >= 0):
+            raise ValueError(f"FusedBatchNorm: argument 'num_features' must be a non-negative "
+                             f"int, got {num_features!r}")
         if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"FusedBatchNorm: momentum must be in [0, 1], got {momentum}")
+            raise ValueError(f"FusedBatchNorm: argument 'momentum' must be in [0, 1], got "
+                             f"{momentum!r}")
         self.num_features, self.momentum, self.epsilon = num_features, momentum, epsilon
         self.data_format, self.center, self.scale = data_format, center, scale
         dtype = dtype or torch.float32

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import as_float32, tf_shape
+from ._common import as_float32, check_value, scalar_type_name, tf_shape
 
 
 # ---- public functions -------------------------------------------------------------------------
@@ -24,7 +24,7 @@ def _shape_list(shape, op):
     """`orig_input_tensor_shape` as TF takes it: a tensor, list or torch.Size of 4 ints."""
     if isinstance(shape, torch.Tensor):
         if shape.dim() != 1 or shape.numel() != 4:
-            raise RuntimeError(f"{op}: argument 'orig_input_tensor_shape': original input "
+            raise ValueError(f"{op}: argument 'orig_input_tensor_shape': original input "
                                "tensor shape must be1-dimensional and 4 elements")
         return [int(s) for s in shape.tolist()]
     return list(shape)
@@ -159,12 +159,32 @@ def fractional_pooling_sequence(
 # so a symbolic H or W is specialised (a guard; the batch and channels stay dynamic).
 _FP_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
               torch.bfloat16)
+# TF's dtype names, as csrc/common/fractional_pool.cpp's debug_string prints them.
+_TF_DTYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "half",
+                   torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64"}
 
 
 def _fp_dtype(t, op, name):
-    torch._check(t.dtype in _FP_DTYPES, lambda: (
+    torch._check_type(t.dtype in _FP_DTYPES, lambda: (
         f"{op}: argument '{name}' must be float32, float64, int32, int64, float16 or bfloat16, "
-        f"got {t.dtype}"))
+        f"got {scalar_type_name(t.dtype)}"))
+
+
+def _seq_dtype(t, op, name):
+    torch._check_type(t.dtype == torch.int64, lambda: (
+        f"{op}: argument '{name}' must be an int64 tensor, got {scalar_type_name(t.dtype)}"))
+
+
+def _debug_string(t):
+    name = _TF_DTYPE_NAMES.get(t.dtype) or scalar_type_name(t.dtype)
+    return f"Tensor<type: {name} shape: {tf_shape(t.shape)}>"
+
+
+def _same_device(ref, t, op, ref_name, name):
+    """csrc/common/checks.h's check_same_device."""
+    torch._check(t.device == ref.device, lambda: (
+        f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+        f"tensors must be on one device"))
 
 
 def _fmt_g(v):
@@ -178,22 +198,21 @@ def fractional_output_size(dim, ratio):
 
 def _fractional_pool_fake(op, is_max, value, pooling_ratio, deterministic, seed, seed2):
     n = len(pooling_ratio)
-    torch._check(n >= 4, lambda: (
+    torch._check_value(n >= 4, lambda: (
         f"{op}: argument 'pooling_ratio': Length for attr 'pooling_ratio' of {n} must be at "
         f"least minimum 4"))
-    torch._check(n == 4, lambda: (
+    torch._check_value(n == 4, lambda: (
         f"{op}: argument 'pooling_ratio': pooling_ratio field must specify 4 dimensions"))
     ratio = [as_float32(r) for r in pooling_ratio]
     for r in ratio:
-        torch._check(r >= 1.0, lambda: (
+        torch._check_value(r >= 1.0, lambda: (
             f"{op}: argument 'pooling_ratio': pooling_ratio cannot be smaller than 1, "
             f"got: {_fmt_g(r)}"))
-    if not (ratio[0] == 1.0 and ratio[3] == 1.0):
-        kind = "max" if is_max else "average"
-        raise NotImplementedError(
-            f"{op}: argument 'pooling_ratio': Fractional {kind} pooling is not yet supported on "
-            f"the batch nor channel dimension.")
-    torch._check(deterministic or (seed == 0 and seed2 == 0), lambda: (
+    kind = "max" if is_max else "average"
+    torch._check_not_implemented(ratio[0] == 1.0 and ratio[3] == 1.0, lambda: (
+        f"{op}: argument 'pooling_ratio': Fractional {kind} pooling is not yet supported on "
+        f"the batch nor channel dimension."))
+    torch._check_value(deterministic or (seed == 0 and seed2 == 0), lambda: (
         f"{op}: argument 'seed': Both seed and seed2 should be 0 if deterministic is false."))
     torch._check(value.dim() == 4, lambda: (
         f"{op}: argument 'value': tensor_in must be 4-dimensional"))
@@ -224,9 +243,7 @@ def _fractional_max_pool_fake(value, pooling_ratio, pseudo_random=False, overlap
                                  deterministic, seed, seed2)
 
 
-def _seq_dtype(t, op, name):
-    torch._check(t.dtype == torch.int64, lambda: (
-        f"{op}: argument '{name}' must be an int64 tensor, got {t.dtype}"))
+_INT64_MAX = 2**63 - 1
 
 
 @torch.library.register_fake("tfgrads::fractional_avg_pool_grad")
@@ -234,7 +251,7 @@ def _fractional_avg_pool_grad_fake(orig_input_tensor_shape, out_backprop, row_po
                                    col_pooling_sequence, overlapping=False):
     op = "fractional_avg_pool_grad"
     orig = list(orig_input_tensor_shape)
-    torch._check(len(orig) == 4, lambda: (
+    torch._check_value(len(orig) == 4, lambda: (
         f"{op}: argument 'orig_input_tensor_shape': original input tensor shape must "
         f"be1-dimensional and 4 elements"))
     dy = out_backprop
@@ -245,18 +262,25 @@ def _fractional_avg_pool_grad_fake(orig_input_tensor_shape, out_backprop, row_po
             f"{op}: argument 'out_backprop': out_backprop must be positive for all dimension, "
             f"got:{d}"))
     _fp_dtype(dy, op, "out_backprop")
+    _seq_dtype(row_pooling_sequence, op, "row_pooling_sequence")
+    _seq_dtype(col_pooling_sequence, op, "col_pooling_sequence")
     for seq, name, short, n in ((row_pooling_sequence, "row_pooling_sequence", "row", dy.shape[1]),
                                 (col_pooling_sequence, "col_pooling_sequence", "col", dy.shape[2])):
         torch._check(seq.numel() > n, lambda: (
             f"{op}: argument '{name}': Given out_backprop shape {tf_shape(dy.shape)}, "
             f"{short}_seq_tensor must have at least {n + 1} elements, but got {seq.numel()}"))
-        _seq_dtype(seq, op, name)
     for d, label in zip(orig, ("Batch", "Rows", "Columns", "Depth")):
-        torch._check(d != 0, lambda: (
+        check_value(d != 0, lambda: (
             f"{op}: argument 'orig_input_tensor_shape': {label} dimension of input must not be 0"))
+    numel = 1
     for d in orig:
-        torch._check(d >= 0, lambda: (
+        check_value(d >= 0, lambda: (
             f"{op}: argument 'orig_input_tensor_shape': Expected a non-negative size, got {d}"))
+        if isinstance(d, int) and isinstance(numel, int):  # symbolic sizes cannot overflow here
+            check_value(numel * d <= _INT64_MAX, lambda: (
+                f"{op}: argument 'orig_input_tensor_shape': Encountered overflow when "
+                f"multiplying {numel} with {d}, result: -1"))
+        numel = numel * d
     torch._check(dy.shape[0] <= orig[0] and dy.shape[3] <= orig[3], lambda: (
         f"{op}: argument 'out_backprop': out_backprop batch/depth must not exceed "
         f"orig_input_tensor_shape's, got out_backprop {tf_shape(dy.shape)} for input "
@@ -264,17 +288,14 @@ def _fractional_avg_pool_grad_fake(orig_input_tensor_shape, out_backprop, row_po
     return dy.new_empty(orig)
 
 
-@torch.library.register_fake("tfgrads::fractional_max_pool_grad")
-def _fractional_max_pool_grad_fake(orig_input, orig_output, out_backprop, row_pooling_sequence,
-                                   col_pooling_sequence, overlapping=False):
-    op = "fractional_max_pool_grad"
-    x, y, dy = orig_input, orig_output, out_backprop
+def _check_max_grad(op, x, y, dy, row_pooling_sequence, col_pooling_sequence):
+    """csrc/common/fractional_pool.cpp's check_max_grad, but for the sequences' values."""
     for t, name in ((x, "orig_input"), (y, "orig_output")):
         torch._check(t.dim() == 4, lambda: (
-            f"{op}: argument '{name}': {name} should be a tensor of rank 4, got shape "
-            f"{tf_shape(t.shape)}"))
+            f"{op}: argument '{name}': {name} should be a tensor of rank 4, got "
+            f"{_debug_string(t)}"))
         torch._check(t.numel() > 0, lambda: (
-            f"{op}: argument '{name}': {name} must not be empty, got shape {tf_shape(t.shape)}"))
+            f"{op}: argument '{name}': {name} must not be empty, got {_debug_string(t)}"))
     for seq, name in ((row_pooling_sequence, "row_pooling_sequence"),
                       (col_pooling_sequence, "col_pooling_sequence")):
         torch._check(seq.dim() == 1, lambda: (
@@ -282,24 +303,39 @@ def _fractional_max_pool_grad_fake(orig_input, orig_output, out_backprop, row_po
             f"{tf_shape(seq.shape)}"))
     _fp_dtype(x, op, "orig_input")
     for t, name in ((y, "orig_output"), (dy, "out_backprop")):
-        torch._check(t.dtype == x.dtype, lambda: (
-            f"{op}: argument '{name}' must have the dtype of orig_input ({x.dtype}), got {t.dtype}"))
+        torch._check_type(t.dtype == x.dtype, lambda: (
+            f"{op}: argument '{name}' must have the dtype of orig_input "
+            f"({scalar_type_name(x.dtype)}), got {scalar_type_name(t.dtype)}"))
+    _same_device(x, y, op, "orig_input", "orig_output")
+    _same_device(x, dy, op, "orig_input", "out_backprop")
     torch._check(y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3], lambda: (
-        f"{op}: argument 'orig_output': orig_output must have the batch and depth of orig_input"))
+        f"{op}: argument 'orig_output': orig_output must have the batch and depth of "
+        f"orig_input, got {tf_shape(y.shape)} for orig_input {tf_shape(x.shape)}"))
     torch._check(dy.shape == y.shape, lambda: (
-        f"{op}: argument 'out_backprop': out_backprop must have the shape of orig_output"))
-    for seq, name, n in ((row_pooling_sequence, "row_pooling_sequence", y.shape[1]),
-                         (col_pooling_sequence, "col_pooling_sequence", y.shape[2])):
-        _seq_dtype(seq, op, name)
+        f"{op}: argument 'out_backprop': out_backprop must have the shape of orig_output "
+        f"{tf_shape(y.shape)}, got {tf_shape(dy.shape)}"))
+    _seq_dtype(row_pooling_sequence, op, "row_pooling_sequence")
+    _seq_dtype(col_pooling_sequence, op, "col_pooling_sequence")
+    for seq, name, axis, n in ((row_pooling_sequence, "row_pooling_sequence", "rows", y.shape[1]),
+                               (col_pooling_sequence, "col_pooling_sequence", "columns",
+                                y.shape[2])):
         torch._check(seq.numel() == n + 1, lambda: (
-            f"{op}: argument '{name}' must have orig_output's rows/columns + 1 elements"))
-    return x.new_empty(x.shape)
+            f"{op}: argument '{name}' must have orig_output's {axis} + 1 = {n + 1} elements, "
+            f"got {seq.numel()}"))
+
+
+@torch.library.register_fake("tfgrads::fractional_max_pool_grad")
+def _fractional_max_pool_grad_fake(orig_input, orig_output, out_backprop, row_pooling_sequence,
+                                   col_pooling_sequence, overlapping=False):
+    _check_max_grad("fractional_max_pool_grad", orig_input, orig_output, out_backprop,
+                    row_pooling_sequence, col_pooling_sequence)
+    return orig_input.new_empty(orig_input.shape)
 
 
 @torch.library.register_fake("tfgrads::fractional_pooling_sequence")
 def _fractional_pooling_sequence_fake(input_length, output_length, pseudo_random=False, seed=0,
                                       seed2=0):
-    torch._check(1 <= output_length <= input_length, lambda: (
+    check_value(1 <= output_length <= input_length, lambda: (
         f"fractional_pooling_sequence: argument 'output_length' must be in [1, input_length = "
         f"{input_length}], got {output_length}"))
     return torch.empty((output_length + 1,), dtype=torch.int64, device="cpu")
@@ -308,8 +344,19 @@ def _fractional_pooling_sequence_fake(input_length, output_length, pseudo_random
 @torch.library.register_fake("tfgrads::_fractional_avg_pool_grad_backward")
 def _fractional_avg_pool_grad_backward_fake(grad, row_pooling_sequence, col_pooling_sequence,
                                             overlapping=False):
-    torch._check(grad.dim() == 4, lambda: "_fractional_avg_pool_grad_backward: argument 'grad' "
-                 "must be 4-dimensional (NHWC)")
+    op = "_fractional_avg_pool_grad_backward"
+    torch._check(grad.dim() == 4, lambda: (
+        f"{op}: argument 'grad' must be 4-dimensional (NHWC), got {tf_shape(grad.shape)}"))
+    _fp_dtype(grad, op, "grad")
+    for seq, name in ((row_pooling_sequence, "row_pooling_sequence"),
+                      (col_pooling_sequence, "col_pooling_sequence")):
+        torch._check(seq.dim() == 1 and seq.numel() >= 2, lambda: (
+            f"{op}: argument '{name}' must be a vector of at least 2 elements, got shape "
+            f"{tf_shape(seq.shape)}"))
+    _seq_dtype(row_pooling_sequence, op, "row_pooling_sequence")
+    _seq_dtype(col_pooling_sequence, op, "col_pooling_sequence")
+    torch._check(grad.shape[1] > 0 and grad.shape[2] > 0, lambda: (
+        f"{op}: argument 'grad' must have rows and columns, got {tf_shape(grad.shape)}"))
     return grad.new_empty((grad.shape[0], row_pooling_sequence.numel() - 1,
                            col_pooling_sequence.numel() - 1, grad.shape[3]))
 
@@ -317,9 +364,12 @@ def _fractional_avg_pool_grad_backward_fake(grad, row_pooling_sequence, col_pool
 @torch.library.register_fake("tfgrads::_fractional_max_pool_grad_backward")
 def _fractional_max_pool_grad_backward_fake(orig_input, orig_output, grad, row_pooling_sequence,
                                             col_pooling_sequence, overlapping=False):
-    torch._check(grad.shape == orig_input.shape, lambda: (
-        "_fractional_max_pool_grad_backward: argument 'grad' must have the shape and dtype of "
-        "orig_input"))
+    op = "_fractional_max_pool_grad_backward"
+    _check_max_grad(op, orig_input, orig_output, orig_output, row_pooling_sequence,
+                    col_pooling_sequence)
+    _same_device(orig_input, grad, op, "orig_input", "grad")  # (only the CUDA kernel can see it)
+    torch._check(grad.shape == orig_input.shape and grad.dtype == orig_input.dtype, lambda: (
+        f"{op}: argument 'grad' must have the shape and dtype of orig_input"))
     return grad.new_empty(orig_output.shape)
 
 

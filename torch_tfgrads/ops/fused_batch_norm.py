@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import as_float32, tf_shape
+from ._common import as_float32, scalar_type_name, tf_shape
 from .fused_batch_norm_grad_grad import batch_norm_grad_grad
 from .layout import channel_layout_perm, empty_in_layout
 
@@ -107,8 +107,9 @@ def bn_channels_first(data_format, op):
 
 
 def _bn_param_dtype(x, op):
-    torch._check(x.dtype in _BN_DTYPES, lambda: (
-        f"{op}: argument 'x' must be float16, bfloat16, float32 or float64, got {x.dtype}"))
+    torch._check_type(x.dtype in _BN_DTYPES, lambda: (
+        f"{op}: argument 'x' must be float16, bfloat16, float32 or float64, got "
+        f"{scalar_type_name(x.dtype)}"))
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
@@ -129,8 +130,16 @@ def _bn_channels(t, C, op, name, prefix=""):
 
 
 def _bn_dtype(t, dtype, op, name):
-    torch._check(t.dtype == dtype, lambda: (
-        f"{op}: argument '{name}' must be a {dtype} tensor ({_BN_PARAM_WHY}), got {t.dtype}"))
+    torch._check_type(t.dtype == dtype, lambda: (
+        f"{op}: argument '{name}' must be a {scalar_type_name(dtype)} tensor ({_BN_PARAM_WHY}), "
+        f"got {scalar_type_name(t.dtype)}"))
+
+
+def bn_same_device(ref, t, op, ref_name, name):
+    """csrc/common/checks.h's check_same_device."""
+    torch._check(t.device == ref.device, lambda: (
+        f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+        f"tensors must be on one device"))
 
 
 @torch.library.register_fake("tfgrads::fused_batch_norm_v3")
@@ -155,9 +164,13 @@ def _fused_batch_norm_v3_fake(x, scale, offset, mean, variance, epsilon=1e-4,
         _bn_channels(variance, C, op, "variance", prefix)
     _bn_dtype(scale, pdt, op, "scale")
     _bn_dtype(offset, pdt, op, "offset")
+    bn_same_device(x, scale, op, "x", "scale")
+    bn_same_device(x, offset, op, "x", "offset")
     if uses_running:
         _bn_dtype(mean, pdt, op, "mean")
         _bn_dtype(variance, pdt, op, "variance")
+        bn_same_device(x, mean, op, "x", "mean")
+        bn_same_device(x, variance, op, "x", "variance")
     perm = channel_layout_perm(x, cdim, natural_channels_last=not cf)
     y = empty_in_layout(x, x.shape, perm)
     stats = [x.new_empty((C,), dtype=pdt) for _ in range(4)]
@@ -171,8 +184,9 @@ def _fused_batch_norm_grad_v3_fake(y_backprop, x, scale, reserve_space_1, reserv
     op = _BN_BWD
     cf = bn_channels_first(data_format, op)
     pdt = _bn_param_dtype(x, op)
-    torch._check(y_backprop.dtype == x.dtype, lambda: (
-        f"{op}: argument 'y_backprop' must have the dtype of x ({x.dtype}), got {y_backprop.dtype}"))
+    torch._check_type(y_backprop.dtype == x.dtype, lambda: (
+        f"{op}: argument 'y_backprop' must have the dtype of x ({scalar_type_name(x.dtype)}), "
+        f"got {scalar_type_name(y_backprop.dtype)}"))
     _bn_rank(y_backprop, op, "y_backprop")
     _bn_rank(x, op, "x")
     _bn_vector(scale, op, "scale", "scale")
@@ -189,6 +203,9 @@ def _fused_batch_norm_grad_v3_fake(y_backprop, x, scale, reserve_space_1, reserv
     for t, name in ((scale, "scale"), (reserve_space_1, "reserve_space_1"),
                     (reserve_space_2, "reserve_space_2")):
         _bn_dtype(t, pdt, op, name)
+    for t, name in ((y_backprop, "y_backprop"), (scale, "scale"),
+                    (reserve_space_1, "reserve_space_1"), (reserve_space_2, "reserve_space_2")):
+        bn_same_device(x, t, op, "x", name)
     perm = channel_layout_perm(x, cdim, natural_channels_last=not cf)
     x_backprop = empty_in_layout(x, x.shape, perm)
     return (x_backprop, x.new_empty((C,), dtype=pdt), x.new_empty((C,), dtype=pdt),
