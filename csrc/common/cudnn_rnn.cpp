@@ -179,7 +179,7 @@ static at::Tensor check_lengths(const char* op, const Config& cfg, const at::Ten
               ": argument 'sequence_lengths' must have shape [batch_size] = [", cfg.B, "], got ",
               tf_shape(lengths.sizes()));
   const at::Tensor host = lengths.to(at::kCPU, at::kLong).contiguous();
-  // cuDNN rejects lengths outside [1, max_time] (TF forwards them unchecked, spec B6).
+  // cuDNN rejects lengths outside [1, max_time] (TF forwards them to cuDNN unchecked).
   const int64_t* v = host.data_ptr<int64_t>();
   for (int64_t b = 0; b < cfg.B; ++b) {
     TORCH_CHECK(v[b] >= 1 && v[b] <= cfg.T, op, ": argument 'sequence_lengths': "
@@ -242,7 +242,7 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   if (cfg.lstm()) check_like(op, input, input_c, "input_c");
   check_like(op, input, params, "params");
   // TF never compares params with the configuration: a short buffer is an out-of-bounds read
-  // on the GPU (spec B11).
+  // on the GPU.
   TORCH_CHECK(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
               tf_shape(params.sizes()));
   const int64_t expected = params_size(cfg);
