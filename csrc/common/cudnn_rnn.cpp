@@ -33,8 +33,10 @@ int64_t parse_dirs(const char* op, c10::string_view direction) {
                     "got '", direction, "'");
 }
 
-bool parse_skip_input(const char* op, c10::string_view input_mode, int64_t input_size,
-                      int64_t num_units) {
+// The sizes are arguments of the params ops (a bad one is a ValueError naming it) but come
+// from the tensors' shapes in the forward and backprop (RuntimeError naming the tensor).
+static bool skip_input_of(const char* op, c10::string_view input_mode, int64_t input_size,
+                          int64_t num_units, bool from_shapes) {
   if (input_mode == "linear_input") return false;
   const bool auto_select = input_mode == "auto_select";
   TORCH_CHECK_VALUE(auto_select || input_mode == "skip_input", op,
@@ -42,16 +44,34 @@ bool parse_skip_input(const char* op, c10::string_view input_mode, int64_t input
                     "got '", input_mode, "'");
   // TF's ToRNNInputMode: auto_select is skip_input exactly when the sizes allow it.
   if (auto_select) return input_size == num_units;
-  TORCH_CHECK_VALUE(input_size == num_units, op, ": input_mode skip_input adds the input to "
-                    "every gate, so input_size (", input_size, ") must equal num_units (",
-                    num_units, ")");
+  if (from_shapes) {
+    TORCH_CHECK(input_size == num_units, op, ": argument 'input': input_mode skip_input adds "
+                "the input to every gate, so input_size (", input_size, ") must equal "
+                "num_units (", num_units, ")");
+  } else {
+    TORCH_CHECK_VALUE(input_size == num_units, op, ": argument 'input_mode': input_mode "
+                      "skip_input adds the input to every gate, so input_size (", input_size,
+                      ") must equal num_units (", num_units, ")");
+  }
   return true;
 }
 
-static void check_sizes(const char* op, const Config& cfg) {
-  TORCH_CHECK_VALUE(cfg.L >= 1, op, ": num_layers must be >= 1, got ", cfg.L);
-  TORCH_CHECK_VALUE(cfg.U >= 1, op, ": num_units must be >= 1, got ", cfg.U);
-  TORCH_CHECK_VALUE(cfg.I >= 1, op, ": input_size must be >= 1, got ", cfg.I);
+bool parse_skip_input(const char* op, c10::string_view input_mode, int64_t input_size,
+                      int64_t num_units) {
+  return skip_input_of(op, input_mode, input_size, num_units, /*from_shapes=*/false);
+}
+
+static void check_sizes(const char* op, const Config& cfg, bool from_shapes) {
+  if (from_shapes) {
+    TORCH_CHECK(cfg.L >= 1, op, ": argument 'input_h': num_layers must be >= 1, got ", cfg.L);
+    TORCH_CHECK(cfg.U >= 1, op, ": argument '", cfg.lstm() ? "input_c" : "input_h",
+                "': num_units must be >= 1, got ", cfg.U);
+    TORCH_CHECK(cfg.I >= 1, op, ": argument 'input': input_size must be >= 1, got ", cfg.I);
+  } else {
+    TORCH_CHECK_VALUE(cfg.L >= 1, op, ": argument 'num_layers' must be >= 1, got ", cfg.L);
+    TORCH_CHECK_VALUE(cfg.U >= 1, op, ": argument 'num_units' must be >= 1, got ", cfg.U);
+    TORCH_CHECK_VALUE(cfg.I >= 1, op, ": argument 'input_size' must be >= 1, got ", cfg.I);
+  }
   TORCH_CHECK_VALUE(cfg.P >= 0, op, ": argument 'num_proj' must be >= 0, got ", cfg.P);
   TORCH_CHECK_VALUE(cfg.P == 0 || cfg.lstm(), op, ": argument 'num_proj' (", cfg.P,
                     ") is only supported with rnn_mode lstm");
@@ -71,9 +91,9 @@ Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units,
   cfg.U = num_units;
   cfg.I = input_size;
   cfg.P = num_proj;
-  check_sizes(op, cfg);
+  check_sizes(op, cfg, /*from_shapes=*/false);
   cfg.Hh = cfg.P > 0 ? cfg.P : cfg.U;
-  cfg.skip_input = parse_skip_input(op, input_mode, cfg.I, cfg.U);
+  cfg.skip_input = skip_input_of(op, input_mode, cfg.I, cfg.U, /*from_shapes=*/false);
   return cfg;
 }
 
@@ -136,35 +156,35 @@ int64_t reserve_elements(const Config& cfg, bool with_dropout) {
 
 static void check_float(const char* op, const at::Tensor& t, const char* name) {
   const auto st = t.scalar_type();
-  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                        st == at::kBFloat16,
-                    op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
-                    "tensor, got ", c10::toString(st));
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
+                       st == at::kBFloat16,
+                   op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
+                   "tensor, got ", c10::toString(st));
 }
 
 static void check_like(const char* op, const at::Tensor& input, const at::Tensor& t,
                        const char* name) {
-  TORCH_CHECK_VALUE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
-                    "' must have the dtype of input (", c10::toString(input.scalar_type()),
-                    "), got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
+                   "' must have the dtype of input (", c10::toString(input.scalar_type()),
+                   "), got ", c10::toString(t.scalar_type()));
   check_same_device(input, t, op, "input", name);
 }
 
 // Validates sequence_lengths and returns them on the host (the only device-to-host copy).
 static at::Tensor check_lengths(const char* op, const Config& cfg, const at::Tensor& lengths) {
-  TORCH_CHECK_VALUE(lengths.scalar_type() == at::kInt || lengths.scalar_type() == at::kLong, op,
-                    ": argument 'sequence_lengths' must be an int32 tensor, got ",
-                    c10::toString(lengths.scalar_type()));
-  TORCH_CHECK_VALUE(lengths.dim() == 1 && lengths.size(0) == cfg.B, op,
-                    ": argument 'sequence_lengths' must have shape [batch_size] = [", cfg.B,
-                    "], got ", tf_shape(lengths.sizes()));
+  TORCH_CHECK_TYPE(lengths.scalar_type() == at::kInt || lengths.scalar_type() == at::kLong, op,
+                   ": argument 'sequence_lengths' must be an int32 tensor, got ",
+                   c10::toString(lengths.scalar_type()));
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == cfg.B, op,
+              ": argument 'sequence_lengths' must have shape [batch_size] = [", cfg.B, "], got ",
+              tf_shape(lengths.sizes()));
   const at::Tensor host = lengths.to(at::kCPU, at::kLong).contiguous();
   // cuDNN rejects lengths outside [1, max_time] (TF forwards them to cuDNN unchecked).
   const int64_t* v = host.data_ptr<int64_t>();
   for (int64_t b = 0; b < cfg.B; ++b) {
-    TORCH_CHECK_VALUE(v[b] >= 1 && v[b] <= cfg.T, op, ": argument 'sequence_lengths': "
-                      "sequence_lengths[", b, "] = ", v[b], " is not in [1, max_time] = [1, ",
-                      cfg.T, "]");
+    TORCH_CHECK(v[b] >= 1 && v[b] <= cfg.T, op, ": argument 'sequence_lengths': "
+                "sequence_lengths[", b, "] = ", v[b], " is not in [1, max_time] = [1, ", cfg.T,
+                "]");
   }
   return host;
 }
@@ -180,9 +200,8 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   cfg.D = parse_dirs(op, direction);
   cfg.time_major = time_major;
   // TF's ExtractForwardInput, in its order and with its messages.
-  TORCH_CHECK_VALUE(input.dim() == 3, op, ": argument 'input': RNN input must be a 3-D vector.");
-  TORCH_CHECK_VALUE(input_h.dim() == 3, op,
-                    ": argument 'input_h': RNN input_h must be a 3-D vector.");
+  TORCH_CHECK(input.dim() == 3, op, ": argument 'input': RNN input must be a 3-D vector.");
+  TORCH_CHECK(input_h.dim() == 3, op, ": argument 'input_h': RNN input_h must be a 3-D vector.");
   cfg.T = input.size(time_major ? 0 : 1);
   cfg.B = input.size(time_major ? 1 : 0);
   cfg.I = input.size(2);
@@ -191,33 +210,30 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   const int64_t LD = cfg.L * cfg.D;
   const std::vector<int64_t> hidden = time_major ? std::vector<int64_t>{LD, cfg.B, cfg.Hh}
                                                  : std::vector<int64_t>{cfg.B, LD, cfg.Hh};
-  TORCH_CHECK_VALUE(input_h.sizes() == c10::IntArrayRef(hidden), op,
-                    ": argument 'input_h': Invalid input_h shape: ", tf_shape(input_h.sizes()),
-                    " ", tf_shape(hidden));
+  TORCH_CHECK(input_h.sizes() == c10::IntArrayRef(hidden), op,
+              ": argument 'input_h': Invalid input_h shape: ", tf_shape(input_h.sizes()), " ",
+              tf_shape(hidden));
   cfg.P = num_proj;
   cfg.U = cfg.Hh;
   if (cfg.lstm()) {
     // TF's shape function checks this rank; its eager kernel does not (it would read dim 2
     // of a lower-rank tensor).
-    TORCH_CHECK_VALUE(input_c.dim() == 3, op,
-                      ": argument 'input_c': RNN input_c must be a 3-D vector.");
+    TORCH_CHECK(input_c.dim() == 3, op, ": argument 'input_c': RNN input_c must be a 3-D "
+                "vector.");
     if (num_proj == 0) {
-      TORCH_CHECK_VALUE(input_h.sizes() == input_c.sizes(), op,
-                        ": argument 'input_c': input_h and input_c must have the same shape "
-                        "w/o projection: ", tf_shape(input_h.sizes()), " ",
-                        tf_shape(input_c.sizes()));
+      TORCH_CHECK(input_h.sizes() == input_c.sizes(), op, ": argument 'input_c': input_h and "
+                  "input_c must have the same shape w/o projection: ",
+                  tf_shape(input_h.sizes()), " ", tf_shape(input_c.sizes()));
     } else {
-      TORCH_CHECK_VALUE(input_h.size(2) <= input_c.size(2) && num_proj == input_h.size(2) &&
-                            input_h.size(0) == input_c.size(0) &&
-                            input_h.size(1) == input_c.size(1),
-                        op, ": argument 'input_c': Invalid input_h and input_c w/ projection "
-                        "size: ", num_proj, " ", tf_shape(input_h.sizes()), " ",
-                        tf_shape(input_c.sizes()));
+      TORCH_CHECK(input_h.size(2) <= input_c.size(2) && num_proj == input_h.size(2) &&
+                      input_h.size(0) == input_c.size(0) && input_h.size(1) == input_c.size(1),
+                  op, ": argument 'input_c': Invalid input_h and input_c w/ projection size: ",
+                  num_proj, " ", tf_shape(input_h.sizes()), " ", tf_shape(input_c.sizes()));
     }
     cfg.U = input_c.size(2);
   }
-  check_sizes(op, cfg);
-  cfg.skip_input = parse_skip_input(op, input_mode, cfg.I, cfg.U);
+  check_sizes(op, cfg, /*from_shapes=*/true);
+  cfg.skip_input = skip_input_of(op, input_mode, cfg.I, cfg.U, /*from_shapes=*/true);
   TORCH_CHECK_VALUE(dropout >= 0.0 && dropout < 1.0, op,
                     ": argument 'dropout' must be in [0, 1), got ", dropout);
 
@@ -227,11 +243,11 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   check_like(op, input, params, "params");
   // TF never compares params with the configuration: a short buffer is an out-of-bounds read
   // on the GPU.
-  TORCH_CHECK_VALUE(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
-                    tf_shape(params.sizes()));
+  TORCH_CHECK(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
+              tf_shape(params.sizes()));
   const int64_t expected = params_size(cfg);
-  TORCH_CHECK_VALUE(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
-                    " elements but cudnn_rnn_params_size of this configuration is ", expected);
+  TORCH_CHECK(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
+              " elements but cudnn_rnn_params_size of this configuration is ", expected);
   cfg.host_lengths = check_lengths(op, cfg, sequence_lengths);
   return cfg;
 }

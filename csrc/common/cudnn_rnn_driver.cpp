@@ -305,11 +305,11 @@ namespace {
 
 void check_shape(const char* op, const char* name, const Tensor& t,
                  c10::IntArrayRef expected, const Tensor& input) {
-  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": argument '", name, "': Invalid ", name,
-                    " shape: ", tf_shape(t.sizes()), " ", tf_shape(expected));
-  TORCH_CHECK_VALUE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
-                    "' must have the dtype of input (", c10::toString(input.scalar_type()),
-                    "), got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK(t.sizes() == expected, op, ": argument '", name, "': Invalid ", name, " shape: ",
+              tf_shape(t.sizes()), " ", tf_shape(expected));
+  TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
+                   "' must have the dtype of input (", c10::toString(input.scalar_type()),
+                   "), got ", c10::toString(t.scalar_type()));
   check_same_device(input, t, op, "input", name);
 }
 
@@ -350,15 +350,15 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
   const int64_t reserve_numel =
       reserve_elements(cfg, use_dropout) * static_cast<int64_t>(c10::elementSize(A) /
                                                                 c10::elementSize(dtype));
-  TORCH_CHECK_VALUE(reserve_space.dim() == 1 && reserve_space.numel() == reserve_numel, op,
-                    ": argument 'reserve_space' must be the reserve_space of a training-mode "
-                    "cudnn_rnn_v3 call with the same arguments (", reserve_numel,
-                    " elements), got shape ", tf_shape(reserve_space.sizes()),
-                    "; to use cudnn_rnn_v3 in gradients, is_training must be set to True");
+  TORCH_CHECK(reserve_space.dim() == 1 && reserve_space.numel() == reserve_numel, op,
+              ": argument 'reserve_space' must be the reserve_space of a training-mode "
+              "cudnn_rnn_v3 call with the same arguments (", reserve_numel,
+              " elements), got shape ", tf_shape(reserve_space.sizes()),
+              "; to use cudnn_rnn_v3 in gradients, is_training must be set to True");
   check_same_device(input, reserve_space, op, "input", "reserve_space");
-  TORCH_CHECK_VALUE(reserve_space.scalar_type() == dtype, op, ": argument 'reserve_space' must "
-                    "have the dtype of input (", c10::toString(dtype), "), got ",
-                    c10::toString(reserve_space.scalar_type()));
+  TORCH_CHECK_TYPE(reserve_space.scalar_type() == dtype, op, ": argument 'reserve_space' must "
+                   "have the dtype of input (", c10::toString(dtype), "), got ",
+                   c10::toString(reserve_space.scalar_type()));
 
   const Tensor x = (time_major ? input : input.transpose(0, 1)).to(A).contiguous();
   const Tensor h0 = state_view(input_h, LD, B, Hh, A);

@@ -24,16 +24,16 @@ std::string config_text(const Config& cfg) {
 void check_tensors(const char* op, const char* name, at::TensorList ts,
                    const std::vector<std::vector<int64_t>>& shapes, const Config& cfg,
                    const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(ts.size() == shapes.size(), op, ": argument '", name, "': expected ",
-                    shapes.size(), " tensors for this configuration (", config_text(cfg),
-                    "), got ", ts.size());
+  TORCH_CHECK(ts.size() == shapes.size(), op, ": argument '", name, "': expected ",
+              shapes.size(), " tensors for this configuration (", config_text(cfg), "), got ",
+              ts.size());
   for (size_t k = 0; k < ts.size(); ++k) {
-    TORCH_CHECK_VALUE(ts[k].sizes() == c10::IntArrayRef(shapes[k]), op, ": argument '", name,
-                      "': ", name, "[", k, "] must have shape ", tf_shape(shapes[k]), ", got ",
-                      tf_shape(ts[k].sizes()));
-    TORCH_CHECK_VALUE(ts[k].scalar_type() == ref.scalar_type(), op, ": argument '", name, "': ",
-                      name, "[", k, "] must have dtype ", c10::toString(ref.scalar_type()),
-                      ", got ", c10::toString(ts[k].scalar_type()));
+    TORCH_CHECK(ts[k].sizes() == c10::IntArrayRef(shapes[k]), op, ": argument '", name, "': ",
+                name, "[", k, "] must have shape ", tf_shape(shapes[k]), ", got ",
+                tf_shape(ts[k].sizes()));
+    TORCH_CHECK_TYPE(ts[k].scalar_type() == ref.scalar_type(), op, ": argument '", name, "': ",
+                     name, "[", k, "] must have dtype ", c10::toString(ref.scalar_type()),
+                     ", got ", c10::toString(ts[k].scalar_type()));
     check_same_device(ref, ts[k], op, "weights[0]", name);
   }
 }
@@ -47,13 +47,13 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
   const char* op = "cudnn_rnn_canonical_to_params_v2";
   const Config cfg = config_from_sizes(op, num_layers, num_units, input_size, rnn_mode,
                                        input_mode, direction, num_proj);
-  TORCH_CHECK_VALUE(!weights.empty(), op, ": argument 'weights' must not be empty");
+  TORCH_CHECK(!weights.empty(), op, ": argument 'weights' must not be empty");
   const at::Tensor& ref = weights[0];
   const auto st = ref.scalar_type();
-  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                        st == at::kBFloat16,
-                    op, ": argument 'weights' must hold float16, bfloat16, float32 or float64 "
-                    "tensors, got ", c10::toString(st));
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
+                       st == at::kBFloat16,
+                   op, ": argument 'weights' must hold float16, bfloat16, float32 or float64 "
+                   "tensors, got ", c10::toString(st));
   check_tensors(op, "weights", weights, canonical_weight_shapes(cfg), cfg, ref);
   check_tensors(op, "biases", biases, canonical_bias_shapes(cfg), cfg, ref);
   // Per pseudo-layer: gate input and recurrent matrices, input and recurrent biases, then the
@@ -104,12 +104,17 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
   TORCH_CHECK_VALUE(num_params_biases == static_cast<int64_t>(bias_shapes.size()), op,
                     ": A Number of params mismatch. Expected ", num_params_biases, ", got ",
                     bias_shapes.size());
-  TORCH_CHECK_VALUE(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
-                    tf_shape(params.sizes()));
+  TORCH_CHECK(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
+              tf_shape(params.sizes()));
   const int64_t expected = params_size(cfg);
-  TORCH_CHECK_VALUE(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
-                    " elements but cudnn_rnn_params_size of this configuration (",
-                    config_text(cfg), ") is ", expected);
+  TORCH_CHECK(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
+              " elements but cudnn_rnn_params_size of this configuration (", config_text(cfg),
+              ") is ", expected);
+  const auto st = params.scalar_type();
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
+                       st == at::kBFloat16,
+                   op, ": argument 'params' must be a float16, bfloat16, float32 or float64 "
+                   "tensor, got ", c10::toString(st));
   std::vector<at::Tensor> weights, biases;
   int64_t off = 0;
   auto take = [&](const std::vector<int64_t>& shape) {

@@ -106,8 +106,8 @@ int64_t window(const char* op, const char* arg, int64_t in, int64_t k, int64_t s
       out = (static_cast<__int128>(in) + s - 1) / s;
       __int128 total = (out - 1) * s + K - in;
       if (total < 0) total = 0;
-      TORCH_CHECK_VALUE(total / 2 <= std::numeric_limits<int64_t>::max(), op, ": argument '",
-                        arg, "': padding too large");
+      TORCH_CHECK(total / 2 <= std::numeric_limits<int64_t>::max(), op, ": argument '", arg,
+                  "': padding too large");
       *pad = static_cast<int64_t>(total / 2);
       break;
     }
@@ -116,11 +116,11 @@ int64_t window(const char* op, const char* arg, int64_t in, int64_t k, int64_t s
       *pad = pad_before;
       break;
   }
-  TORCH_CHECK_VALUE(out >= 0, op, ": argument '", arg, "': Computed output size would be "
-                    "negative: ", static_cast<int64_t>(out), " [input_size: ", in,
-                    ", effective_filter_size: ", static_cast<int64_t>(K), ", stride: ", s, "]");
-  TORCH_CHECK_VALUE(out <= std::numeric_limits<int32_t>::max(), op, ": argument '", arg,
-                    "': Computed output size too large: ", static_cast<int64_t>(out));
+  TORCH_CHECK(out >= 0, op, ": argument '", arg, "': Computed output size would be negative: ",
+              static_cast<int64_t>(out), " [input_size: ", in, ", effective_filter_size: ",
+              static_cast<int64_t>(K), ", stride: ", s, "]");
+  TORCH_CHECK(out <= std::numeric_limits<int32_t>::max(), op, ": argument '", arg,
+              "': Computed output size too large: ", static_cast<int64_t>(out));
   return static_cast<int64_t>(out);
 }
 
@@ -160,17 +160,17 @@ void check_sizes(const char* op, const char* name, c10::IntArrayRef sizes) {
 
 void check_float(const char* op, const char* name, const at::Tensor& t) {
   const auto st = t.scalar_type();
-  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                        st == at::kBFloat16,
-                    op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
-                    "tensor, got ", st);
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
+                       st == at::kBFloat16,
+                   op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
+                   "tensor, got ", st);
 }
 
 void check_same_dtype(const char* op, const at::Tensor& ref, const char* ref_name,
                       const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), op, ": argument '", name,
-                    "' must have the dtype of ", ref_name, " (", ref.scalar_type(), "), got ",
-                    t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), op, ": argument '", name,
+                   "' must have the dtype of ", ref_name, " (", ref.scalar_type(), "), got ",
+                   t.scalar_type());
 }
 
 // Logical (data_format) sizes as (N, H, W, C).
@@ -187,30 +187,44 @@ Geometry check_backprop(const char* op, const char* label, const char* input_arg
                         const char* filter_arg, c10::IntArrayRef input_shape,
                         c10::IntArrayRef filter_shape, const at::Tensor& out_backprop,
                         const Attrs& a) {
-  TORCH_CHECK_VALUE(input_shape.size() == 4, op, ": argument '", input_arg, "': ", label,
-                    ": input must be 4-dimensional");
-  TORCH_CHECK_VALUE(filter_shape.size() == 4, op, ": argument '", filter_arg, "': ", label,
-                    ": filter must be 4-dimensional");
-  TORCH_CHECK_VALUE(out_backprop.dim() == 4, op, ": argument 'out_backprop': ", label,
-                    ": out_backprop must be 4-dimensional");
+  // One of input/filter is a sizes list, whose wrong length is a bad value (ValueError); the
+  // other a tensor, whose wrong rank is a shape that does not fit (RuntimeError).
+  const bool input_is_sizes = c10::string_view(input_arg) == "input_sizes";
+  const bool filter_is_sizes = !input_is_sizes;
+  if (input_is_sizes) {
+    TORCH_CHECK_VALUE(input_shape.size() == 4, op, ": argument '", input_arg, "': ", label,
+                      ": input must be 4-dimensional");
+  } else {
+    TORCH_CHECK(input_shape.size() == 4, op, ": argument '", input_arg, "': ", label,
+                ": input must be 4-dimensional");
+  }
+  if (filter_is_sizes) {
+    TORCH_CHECK_VALUE(filter_shape.size() == 4, op, ": argument '", filter_arg, "': ", label,
+                      ": filter must be 4-dimensional");
+  } else {
+    TORCH_CHECK(filter_shape.size() == 4, op, ": argument '", filter_arg, "': ", label,
+                ": filter must be 4-dimensional");
+  }
+  TORCH_CHECK(out_backprop.dim() == 4, op, ": argument 'out_backprop': ", label,
+              ": out_backprop must be 4-dimensional");
   Geometry g;
   nhwc_of(input_shape, a.nchw, &g.N, &g.H, &g.W, &g.C);
-  TORCH_CHECK_VALUE(g.N == out_backprop.size(0), op, ": argument 'out_backprop': ", label,
-                    ": input and out_backprop must have the same batch size");
-  TORCH_CHECK_VALUE(g.C == filter_shape[2], op, ": argument '", filter_arg, "': ", label,
-                    ": input and filter must have the same in_depth");
+  TORCH_CHECK(g.N == out_backprop.size(0), op, ": argument 'out_backprop': ", label,
+              ": input and out_backprop must have the same batch size");
+  TORCH_CHECK(g.C == filter_shape[2], op, ": argument '", filter_arg, "': ", label,
+              ": input and filter must have the same in_depth");
   g.fh = filter_shape[0];
   g.fw = filter_shape[1];
   g.M = filter_shape[3];
   int64_t dyN, dyH, dyW, dyC;
   nhwc_of(out_backprop.sizes(), a.nchw, &dyN, &dyH, &dyW, &dyC);
-  TORCH_CHECK_VALUE(g.M * g.C == dyC, op, ": argument 'out_backprop': ", label,
-                    ": depth_multiplier * in_depth not equal to out_depth");
+  TORCH_CHECK(g.M * g.C == dyC, op, ": argument 'out_backprop': ", label,
+              ": depth_multiplier * in_depth not equal to out_depth");
   set_window(op, input_arg, a, &g);
-  TORCH_CHECK_VALUE(g.Ho == dyH, op, ": argument 'out_backprop': ", label, ": Number of rows of "
-                    "out_backprop doesn't match computed: actual = ", dyH, ", computed = ", g.Ho);
-  TORCH_CHECK_VALUE(g.Wo == dyW, op, ": argument 'out_backprop': ", label, ": Number of cols of "
-                    "out_backprop doesn't match computed: actual = ", dyW, ", computed = ", g.Wo);
+  TORCH_CHECK(g.Ho == dyH, op, ": argument 'out_backprop': ", label, ": Number of rows of "
+              "out_backprop doesn't match computed: actual = ", dyH, ", computed = ", g.Ho);
+  TORCH_CHECK(g.Wo == dyW, op, ": argument 'out_backprop': ", label, ": Number of cols of "
+              "out_backprop doesn't match computed: actual = ", dyW, ", computed = ", g.Wo);
   return g;
 }
 
@@ -229,14 +243,14 @@ Geometry check_forward(const char* op, const at::Tensor& input, const at::Tensor
                        c10::IntArrayRef explicit_paddings, c10::string_view data_format,
                        c10::IntArrayRef dilations) {
   const Attrs a = check_attrs(op, strides, padding, explicit_paddings, data_format, dilations);
-  TORCH_CHECK_VALUE(input.dim() == 4, op, ": argument 'input': input must be 4-dimensional",
-                    tf_shape(input.sizes()));
-  TORCH_CHECK_VALUE(filter.dim() == 4, op, ": argument 'filter': filter must be 4-dimensional: ",
-                    tf_shape(filter.sizes()));
+  TORCH_CHECK(input.dim() == 4, op, ": argument 'input': input must be 4-dimensional",
+              tf_shape(input.sizes()));
+  TORCH_CHECK(filter.dim() == 4, op, ": argument 'filter': filter must be 4-dimensional: ",
+              tf_shape(filter.sizes()));
   Geometry g;
   nhwc_of(input.sizes(), a.nchw, &g.N, &g.H, &g.W, &g.C);
-  TORCH_CHECK_VALUE(g.C == filter.size(2), op, ": argument 'filter': input and filter must "
-                    "have the same depth: ", g.C, " vs ", filter.size(2));
+  TORCH_CHECK(g.C == filter.size(2), op, ": argument 'filter': input and filter must have the "
+              "same depth: ", g.C, " vs ", filter.size(2));
   check_float(op, "input", input);
   check_same_dtype(op, input, "input", filter, "filter");
   check_same_device(input, filter, op, "input", "filter");

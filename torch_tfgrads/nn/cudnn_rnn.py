@@ -115,14 +115,31 @@ class _CudnnRNN(torch.nn.Module):
         check_input(inputs.shape[2] == self.input_size, lambda: (
             f"{name}: argument 'input_size' is {self.input_size}, but the input of shape "
             f"{list(inputs.shape)} has {inputs.shape[2]} features on its last axis"))
+        if inputs.dtype != self.params.dtype:
+            raise TypeError(f"{name}: the input's dtype {inputs.dtype} is not the module's "
+                            f"parameter dtype {self.params.dtype}")
+        check_input(inputs.device == self.params.device, lambda: (
+            f"{name}: the input is on {inputs.device} but the module's parameters are on "
+            f"{self.params.device}"))
         LD = cfg.L * cfg.D
         B = inputs.shape[1] if self.time_major else inputs.shape[0]
-        state_shape = (lambda w: (LD, B, w)) if self.time_major else (lambda w: (B, LD, w))
+        state_shape = (lambda w: [LD, B, w]) if self.time_major else (lambda w: [B, LD, w])
         if initial_state is None:
             h = inputs.new_zeros(state_shape(cfg.Hh))
             c = inputs.new_zeros(state_shape(cfg.U)) if cfg.lstm else None
         else:
+            names = ("h", "c") if cfg.lstm else ("h",)
+            if len(initial_state) < len(names):
+                raise ValueError(f"{name}: argument 'initial_state' must hold "
+                                 f"({', '.join(names)}), got {len(initial_state)} tensor(s)")
             h, c = initial_state[0], (initial_state[1] if cfg.lstm else None)
+            for what, t, width in (("h", h, cfg.Hh), ("c", c, cfg.U))[:len(names)]:
+                check_input(list(t.shape) == state_shape(width), lambda: (
+                    f"{name}: argument 'initial_state': {what} must have shape "
+                    f"{state_shape(width)} for this input, got {list(t.shape)}"))
+                if t.dtype != inputs.dtype:
+                    raise TypeError(f"{name}: argument 'initial_state': {what} has dtype "
+                                    f"{t.dtype}, not the input's {inputs.dtype}")
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (inputs, h, c, self.params))
         seed = 0 if self.seed is None else int(self.seed)

@@ -1,5 +1,6 @@
 """Keras-style DepthwiseConv2D over our op, with the filter in TF's layout."""
 import math
+import operator
 
 import torch
 
@@ -7,13 +8,25 @@ from ..ops import depthwise_conv2d_native
 from ._checks import check_input
 
 
-def _pair(v, name):
-    if isinstance(v, int):
-        return (v, v)
-    v = tuple(int(i) for i in v)
-    if len(v) != 2:
-        raise ValueError(f"DepthwiseConv2d: argument '{name}' must be an int or a pair, got {v}")
+def _positive(v, name):
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        v = operator.index(v)
+    except TypeError:
+        raise TypeError(f"DepthwiseConv2d: argument '{name}' must be an int, got {v!r}") from None
+    if v < 1:
+        raise ValueError(f"DepthwiseConv2d: argument '{name}' must be >= 1, got {v}")
     return v
+
+
+def _pair(v, name):
+    if not isinstance(v, (tuple, list, torch.Size)):
+        v = (v, v)
+    if len(v) != 2:
+        raise ValueError(f"DepthwiseConv2d: argument '{name}' must be an int or a pair, got "
+                         f"{tuple(v)}")
+    return tuple(_positive(i, name) for i in v)
 
 
 class DepthwiseConv2d(torch.nn.Module):
@@ -40,7 +53,8 @@ class DepthwiseConv2d(torch.nn.Module):
         if pad not in ("VALID", "SAME"):
             raise ValueError(f"DepthwiseConv2d: argument 'padding' must be 'valid' or 'same', "
                              f"got {padding!r}")
-        self.in_channels, self.depth_multiplier = int(in_channels), int(depth_multiplier)
+        self.in_channels = _positive(in_channels, "in_channels")
+        self.depth_multiplier = _positive(depth_multiplier, "depth_multiplier")
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.strides = _pair(strides, "strides")
         self.dilation_rate = _pair(dilation_rate, "dilation_rate")
@@ -74,6 +88,13 @@ class DepthwiseConv2d(torch.nn.Module):
             f"DepthwiseConv2d: argument 'in_channels' is {self.in_channels}, but the input of "
             f"shape {list(x.shape)} has {x.shape[cdim]} channels on axis {cdim} (the channel "
             f"axis of data_format {self.data_format!r})"))
+        w = self.depthwise_kernel
+        if x.dtype != w.dtype:
+            raise TypeError(f"DepthwiseConv2d: the input's dtype {x.dtype} is not the module's "
+                            f"parameter dtype {w.dtype}")
+        check_input(x.device == w.device, lambda: (
+            f"DepthwiseConv2d: the input is on {x.device} but the module's parameters are on "
+            f"{w.device}"))
 
     def forward(self, x):
         self._check_input(x)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from . import cudnn_rnn_reference as rnn_reference
-from ._common import tf_shape
+from ._common import scalar_type_name, tf_shape
 from .cudnn_rnn_config import GATES, RnnConfig, reserve_numel
 
 
@@ -28,10 +28,17 @@ _RNN_ATTRS_DOC = """
 
 
 def _scalar_int(v, op, name):
-    """TF's size inputs are host int32 scalars; accept ints and 0-d integer tensors."""
+    """TF's size inputs are host int32 scalars; accept ints and 0-d integer tensors.
+
+    A size tensor is a value, not data: not a scalar is a ValueError, not an integer a
+    TypeError."""
     if isinstance(v, torch.Tensor):
         if v.dim() != 0:
-            raise ValueError(f"{op}: {name} is not a scalar (got shape {list(v.shape)})")
+            raise ValueError(f"{op}: argument '{name}': {name} is not a scalar (got shape "
+                             f"{list(v.shape)})")
+        if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+            raise TypeError(f"{op}: argument '{name}' must be an integer, got a {v.dtype} "
+                            "tensor")
         return int(v.item())
     return v if isinstance(v, torch.SymInt) else int(v)
 
@@ -78,7 +85,7 @@ def cudnn_rnn_canonical_to_params_v2(
     """
     op = "cudnn_rnn_canonical_to_params_v2"
     if len(weights) == 0:  # the dispatcher needs a tensor to pick a device
-        raise ValueError(f"{op}: argument 'weights' must not be empty")
+        raise RuntimeError(f"{op}: argument 'weights' must not be empty")
     return torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2.default(
         _scalar_int(num_layers, op, "num_layers"), _scalar_int(num_units, op, "num_units"),
         _scalar_int(input_size, op, "input_size"), list(weights), list(biases), rnn_mode,
@@ -204,61 +211,91 @@ _RNN_BWD = "cudnn_rnn_backprop_v3"
 _RNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _check_dtype_like(op, input, t, name):
+    # check_like of csrc/common/cudnn_rnn.cpp: the dtype (TypeError), then the device.
+    torch._check_type(t.dtype == input.dtype, lambda: (
+        f"{op}: argument '{name}' must have the dtype of input ({scalar_type_name(input.dtype)}), "
+        f"got {scalar_type_name(t.dtype)}"))
+    _check_device(op, input, "input", t, name)
+
+
+def _check_device(op, ref, ref_name, t, name):
+    torch._check(t.device == ref.device, lambda: (
+        f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+        "tensors must be on one device"))
+
+
+def _check_float(op, t, name):
+    torch._check_type(t.dtype in _RNN_DTYPES, lambda: (
+        f"{op}: argument '{name}' must be a float16, bfloat16, float32 or float64 tensor, got "
+        f"{scalar_type_name(t.dtype)}"))
+
+
 def rnn_check_forward(op, input, input_h, input_c, params, sequence_lengths, rnn_mode,
-                      input_mode, direction, num_proj, time_major):
-    """The shape checks of csrc/common/cudnn_rnn.cpp (TF's ExtractForwardInput, then ours);
-    returns (config, T, B). The value checks of sequence_lengths need data: kernel only."""
+                      input_mode, direction, dropout, num_proj, time_major):
+    """The checks of csrc/common/cudnn_rnn.cpp (TF's ExtractForwardInput, then ours), in its
+    order, with its messages and exception types; returns (config, T, B). The value checks of
+    sequence_lengths need data: kernel only."""
     torch._check_value(rnn_mode in GATES, lambda: (
         f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
         f"'{rnn_mode}'"))
+    torch._check_value(direction in ("unidirectional", "bidirectional"), lambda: (
+        f"{op}: argument 'direction' must be unidirectional or bidirectional, got "
+        f"'{direction}'"))
     D = 2 if direction == "bidirectional" else 1
-    torch._check_value(input.dim() == 3, lambda: (
+    torch._check(input.dim() == 3, lambda: (
         f"{op}: argument 'input': RNN input must be a 3-D vector."))
-    torch._check_value(input_h.dim() == 3, lambda: (
+    torch._check(input_h.dim() == 3, lambda: (
         f"{op}: argument 'input_h': RNN input_h must be a 3-D vector."))
     T, B, I = (input.shape[0], input.shape[1], input.shape[2]) if time_major else (
         input.shape[1], input.shape[0], input.shape[2])
     L = input_h.shape[0 if time_major else 1] // D
     Hh = input_h.shape[2]
     hidden = [L * D, B, Hh] if time_major else [B, L * D, Hh]
-    torch._check_value(list(input_h.shape) == hidden, lambda: (
+    torch._check(list(input_h.shape) == hidden, lambda: (
         f"{op}: argument 'input_h': Invalid input_h shape: {tf_shape(input_h.shape)} "
         f"{tf_shape(hidden)}"))
     U = Hh
     if rnn_mode == "lstm":
-        torch._check_value(input_c.dim() == 3, lambda: (
+        torch._check(input_c.dim() == 3, lambda: (
             f"{op}: argument 'input_c': RNN input_c must be a 3-D vector."))
         if num_proj == 0:
-            torch._check_value(input_h.shape == input_c.shape, lambda: (
+            torch._check(input_h.shape == input_c.shape, lambda: (
                 f"{op}: argument 'input_c': input_h and input_c must have the same shape w/o "
                 f"projection: {tf_shape(input_h.shape)} {tf_shape(input_c.shape)}"))
         else:
-            torch._check_value(
+            torch._check(
                 Hh <= input_c.shape[2] and num_proj == Hh
                 and input_h.shape[:2] == input_c.shape[:2], lambda: (
                     f"{op}: argument 'input_c': Invalid input_h and input_c w/ projection size: "
                     f"{num_proj} {tf_shape(input_h.shape)} {tf_shape(input_c.shape)}"))
         U = input_c.shape[2]
-    cfg = RnnConfig(op, rnn_mode, input_mode, direction, L, U, I, num_proj)
-    torch._check_value(input.dtype in _RNN_DTYPES, lambda: (
-        f"{op}: argument 'input' must be a float16, bfloat16, float32 or float64 tensor, got "
-        f"{input.dtype}"))
-    for name, t in (("input_h", input_h), ("input_c", input_c), ("params", params)):
-        if name == "input_c" and rnn_mode != "lstm":
-            continue
-        torch._check_value(t.dtype == input.dtype, lambda: (
-            f"{op}: argument '{name}' must have the dtype of input ({input.dtype}), got "
-            f"{t.dtype}"))
-    torch._check_value(params.dim() == 1, lambda: (
+    cfg = RnnConfig(op, rnn_mode, input_mode, direction, L, U, I, num_proj, from_shapes=True)
+    torch._check_value(0.0 <= dropout < 1.0, lambda: (
+        f"{op}: argument 'dropout' must be in [0, 1), got {_cpp_double(dropout)}"))
+    _check_float(op, input, "input")
+    _check_dtype_like(op, input, input_h, "input_h")
+    if cfg.lstm:
+        _check_dtype_like(op, input, input_c, "input_c")
+    _check_dtype_like(op, input, params, "params")
+    torch._check(params.dim() == 1, lambda: (
         f"{op}: argument 'params' must be 1-D, got shape {tf_shape(params.shape)}"))
     expected = cfg.params_size()
-    torch._check_value(params.shape[0] == expected, lambda: (
+    torch._check(params.shape[0] == expected, lambda: (
         f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
         f"this configuration is {expected}"))
-    torch._check_value(sequence_lengths.dim() == 1 and sequence_lengths.shape[0] == B, lambda: (
+    torch._check_type(sequence_lengths.dtype in (torch.int32, torch.int64), lambda: (
+        f"{op}: argument 'sequence_lengths' must be an int32 tensor, got "
+        f"{scalar_type_name(sequence_lengths.dtype)}"))
+    torch._check(sequence_lengths.dim() == 1 and sequence_lengths.shape[0] == B, lambda: (
         f"{op}: argument 'sequence_lengths' must have shape [batch_size] = [{B}], got "
         f"{tf_shape(sequence_lengths.shape)}"))
     return cfg, T, B
+
+
+def _cpp_double(v):
+    # A double as C++ streams print it (6 significant digits, %g): 1 not 1.0, -0.1 as -0.1.
+    return f"{v:g}"
 
 
 @torch.library.register_fake("tfgrads::cudnn_rnn_v3")
@@ -266,7 +303,7 @@ def _cudnn_rnn_v3_fake(input, input_h, input_c, params, sequence_lengths, rnn_mo
                        input_mode="linear_input", direction="unidirectional", dropout=0.0,
                        seed=0, seed2=0, num_proj=0, is_training=True, time_major=True):
     cfg, T, B = rnn_check_forward(_RNN_FWD, input, input_h, input_c, params, sequence_lengths,
-                                  rnn_mode, input_mode, direction, num_proj, time_major)
+                                  rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     out_shape = [T, B, cfg.D * cfg.Hh] if time_major else [B, T, cfg.D * cfg.Hh]
     output = input.new_empty(out_shape)
     output_h = input.new_empty(input_h.shape)
@@ -286,7 +323,7 @@ def _cudnn_rnn_backprop_v3_fake(input, input_h, input_c, params, sequence_length
                                 num_proj=0, time_major=True):
     op = _RNN_BWD
     cfg, T, B = rnn_check_forward(op, input, input_h, input_c, params, sequence_lengths,
-                                  rnn_mode, input_mode, direction, num_proj, time_major)
+                                  rnn_mode, input_mode, direction, dropout, num_proj, time_major)
     out_shape = [T, B, cfg.D * cfg.Hh] if time_major else [B, T, cfg.D * cfg.Hh]
     checks = [("output", output, out_shape), ("output_h", output_h, list(input_h.shape))]
     if cfg.lstm:
@@ -296,37 +333,56 @@ def _cudnn_rnn_backprop_v3_fake(input, input_h, input_c, params, sequence_length
     if cfg.lstm:
         checks.append(("output_c_backprop", output_c_backprop, list(input_c.shape)))
     for name, t, shape in checks:
-        torch._check_value(list(t.shape) == shape, lambda: (
+        torch._check(list(t.shape) == shape, lambda: (
             f"{op}: argument '{name}': Invalid {name} shape: {tf_shape(t.shape)} "
             f"{tf_shape(shape)}"))
+        _check_dtype_like(op, input, t, name)
     n = reserve_numel(cfg, T, B, input.dtype, dropout)
-    torch._check_value(reserve_space.dim() == 1 and reserve_space.shape[0] == n, lambda: (
+    torch._check(reserve_space.dim() == 1 and reserve_space.shape[0] == n, lambda: (
         f"{op}: argument 'reserve_space' must be the reserve_space of a training-mode "
         f"cudnn_rnn_v3 call with the same arguments ({n} elements), got shape "
         f"{tf_shape(reserve_space.shape)}; to use cudnn_rnn_v3 in gradients, is_training must "
         "be set to True"))
+    _check_device(op, input, "input", reserve_space, "reserve_space")
+    torch._check_type(reserve_space.dtype == input.dtype, lambda: (
+        f"{op}: argument 'reserve_space' must have the dtype of input "
+        f"({scalar_type_name(input.dtype)}), got {scalar_type_name(reserve_space.dtype)}"))
     input_c_backprop = input.new_empty(input_c.shape) if cfg.lstm else input.new_empty(())
     return (input.new_empty(input.shape), input.new_empty(input_h.shape), input_c_backprop,
             input.new_empty(params.shape))
+
+
+def _config_text(cfg):
+    return (f"num_layers={cfg.L}, num_units={cfg.U}, input_size={cfg.I}, directions={cfg.D}, "
+            f"num_proj={cfg.P}")
 
 
 @torch.library.register_fake("tfgrads::cudnn_rnn_canonical_to_params_v2")
 def _cudnn_rnn_canonical_to_params_v2_fake(num_layers, num_units, input_size, weights, biases,
                                            rnn_mode="lstm", input_mode="linear_input",
                                            direction="unidirectional", num_proj=0):
+    # The checks of csrc/common/cudnn_rnn_params.cpp, in its order.
     op = "cudnn_rnn_canonical_to_params_v2"
     cfg = RnnConfig(op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
                     num_proj)
-    torch._check_value(len(weights) > 0, lambda: f"{op}: argument 'weights' must not be empty")
+    torch._check(len(weights) > 0, lambda: f"{op}: argument 'weights' must not be empty")
+    ref = weights[0]
+    torch._check_type(ref.dtype in _RNN_DTYPES, lambda: (
+        f"{op}: argument 'weights' must hold float16, bfloat16, float32 or float64 tensors, got "
+        f"{scalar_type_name(ref.dtype)}"))
     w_shapes, b_shapes = cfg.canonical_shapes()
     for name, ts, shapes in (("weights", weights, w_shapes), ("biases", biases, b_shapes)):
-        torch._check_value(len(ts) == len(shapes), lambda: (
-            f"{op}: argument '{name}': expected {len(shapes)} tensors for this configuration, "
-            f"got {len(ts)}"))
+        torch._check(len(ts) == len(shapes), lambda: (
+            f"{op}: argument '{name}': expected {len(shapes)} tensors for this configuration "
+            f"({_config_text(cfg)}), got {len(ts)}"))
         for k, (t, s) in enumerate(zip(ts, shapes)):
-            torch._check_value(list(t.shape) == list(s), lambda: (
+            torch._check(list(t.shape) == list(s), lambda: (
                 f"{op}: argument '{name}': {name}[{k}] must have shape {tf_shape(s)}, got "
                 f"{tf_shape(t.shape)}"))
+            torch._check_type(t.dtype == ref.dtype, lambda: (
+                f"{op}: argument '{name}': {name}[{k}] must have dtype "
+                f"{scalar_type_name(ref.dtype)}, got {scalar_type_name(t.dtype)}"))
+            _check_device(op, ref, "weights[0]", t, name)
     return weights[0].new_empty((cfg.params_size(),))
 
 
@@ -335,17 +391,39 @@ def _cudnn_rnn_params_to_canonical_v2_fake(num_layers, num_units, input_size, pa
                                            num_params_weights, num_params_biases,
                                            rnn_mode="lstm", input_mode="linear_input",
                                            direction="unidirectional", num_proj=0):
+    # The checks of csrc/common/cudnn_rnn_params.cpp (TF's, typos included), in its order.
     op = "cudnn_rnn_params_to_canonical_v2"
     cfg = RnnConfig(op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
                     num_proj)
     w_shapes, b_shapes = cfg.canonical_shapes()
+    LD = cfg.L * cfg.D
+    torch._check_value(num_params_weights >= 1 and num_params_biases >= 1, lambda: (
+        f"{op}: num_params_weights and num_params_biases must be >= 1"))
+    if not cfg.skip_input:
+        torch._check_value(num_params_weights % LD == 0, lambda: (
+            f"{op}: Number of params (weights) is not a multipleof num_layers * num_dirs."))
+        torch._check_value(num_params_biases % LD == 0, lambda: (
+            f"{op}: Number of params (biases) is not a multipleof num_layers * num_dirs."))
+        per_layer = num_params_weights // LD
+        if cfg.P == 0:
+            torch._check_value(per_layer % 2 == 0, lambda: (
+                f"{op}: Number of params (weights) per layer is notan even number with no "
+                "projection."))
+        else:
+            torch._check_value(per_layer % 2 == 1, lambda: (
+                f"{op}: Number of params (weights) per layer is notan odl number with "
+                "projection."))
     torch._check_value(num_params_weights == len(w_shapes), lambda: (
         f"{op}: C Number of params mismatch. Expected {num_params_weights}, got {len(w_shapes)}"))
     torch._check_value(num_params_biases == len(b_shapes), lambda: (
         f"{op}: A Number of params mismatch. Expected {num_params_biases}, got {len(b_shapes)}"))
-    torch._check_value(params.dim() == 1 and params.shape[0] == cfg.params_size(), lambda: (
-        f"{op}: argument 'params' has {params.numel()} elements but cudnn_rnn_params_size of "
-        f"this configuration is {cfg.params_size()}"))
+    torch._check(params.dim() == 1, lambda: (
+        f"{op}: argument 'params' must be 1-D, got shape {tf_shape(params.shape)}"))
+    expected = cfg.params_size()
+    torch._check(params.shape[0] == expected, lambda: (
+        f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
+        f"this configuration ({_config_text(cfg)}) is {expected}"))
+    _check_float(op, params, "params")
     return ([params.new_empty(s) for s in w_shapes], [params.new_empty(s) for s in b_shapes])
 
 
@@ -450,7 +528,7 @@ def _rnn_backprop_backward(ctx, g_dx, g_dh, g_dc, g_dp):
     x, h, c, p, lengths, dy, dh, dc, reserve = ctx.saved_tensors
     rnn_mode, input_mode, direction, dropout, num_proj, time_major = ctx.attrs
     cfg, T, B = rnn_check_forward("cudnn_rnn_backprop_v3", x, h, c, p, lengths, rnn_mode,
-                                  input_mode, direction, num_proj, time_major)
+                                  input_mode, direction, dropout, num_proj, time_major)
     dtype = x.dtype
     acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     lstm = rnn_mode == "lstm"

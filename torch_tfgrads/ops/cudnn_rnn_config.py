@@ -12,25 +12,44 @@ _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 _DIRECTIONS = {"unidirectional": 1, "bidirectional": 2}
 
 
+def check_shape(cond, message):
+    """The RuntimeError counterpart of `check_value` (symbolic conditions without message)."""
+    if isinstance(cond, torch.SymBool):
+        torch._check(cond)
+    elif not cond:
+        raise RuntimeError(message())
+
+
 class RnnConfig:
-    """L layers, D directions, U units, I input size, P projection (0: none), Hh = P or U."""
+    """L layers, D directions, U units, I input size, P projection (0: none), Hh = P or U.
+
+    The checks of csrc/common/cudnn_rnn.cpp, in its order, with its messages. The sizes are
+    arguments of the params ops and the modules (a bad one is a ValueError naming it);
+    ``from_shapes=True`` (the forward and backprop ops) means they were read from the tensors'
+    shapes, and a bad one is a RuntimeError naming the tensor."""
 
     def __init__(self, op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
-                 num_proj):
+                 num_proj, from_shapes=False):
         check_value(rnn_mode in GATES, lambda: (
             f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
             f"'{rnn_mode}'"))
-        check_value(input_mode in _INPUT_MODES, lambda: (
-            f"{op}: argument 'input_mode' must be linear_input, skip_input or auto_select, got "
-            f"'{input_mode}'"))
         check_value(direction in _DIRECTIONS, lambda: (
             f"{op}: argument 'direction' must be unidirectional or bidirectional, got "
             f"'{direction}'"))
         self.mode, self.G, self.D = rnn_mode, GATES[rnn_mode], _DIRECTIONS[direction]
         self.L, self.U, self.I, self.P = num_layers, num_units, input_size, num_proj
-        check_value(self.L >= 1, lambda: f"{op}: num_layers must be >= 1, got {self.L}")
-        check_value(self.U >= 1, lambda: f"{op}: num_units must be >= 1, got {self.U}")
-        check_value(self.I >= 1, lambda: f"{op}: input_size must be >= 1, got {self.I}")
+        if from_shapes:
+            units_arg = "input_c" if self.lstm else "input_h"
+            check_shape(self.L >= 1, lambda: (
+                f"{op}: argument 'input_h': num_layers must be >= 1, got {self.L}"))
+            check_shape(self.U >= 1, lambda: (
+                f"{op}: argument '{units_arg}': num_units must be >= 1, got {self.U}"))
+            check_shape(self.I >= 1, lambda: (
+                f"{op}: argument 'input': input_size must be >= 1, got {self.I}"))
+        else:
+            for name, v in (("num_layers", self.L), ("num_units", self.U),
+                            ("input_size", self.I)):
+                check_value(v >= 1, lambda: f"{op}: argument '{name}' must be >= 1, got {v}")
         check_value(self.P >= 0, lambda: (
             f"{op}: argument 'num_proj' must be >= 0, got {self.P}"))
         check_value(self.P == 0 or rnn_mode == "lstm", lambda: (
@@ -38,10 +57,14 @@ class RnnConfig:
         check_value(self.P <= self.U, lambda: (
             f"{op}: argument 'num_proj' ({self.P}) must not exceed num_units ({self.U})"))
         self.Hh = self.P if self.P else self.U
+        check_value(input_mode in _INPUT_MODES, lambda: (
+            f"{op}: argument 'input_mode' must be linear_input, skip_input or auto_select, got "
+            f"'{input_mode}'"))
         if input_mode == "skip_input":
-            check_value(self.I == self.U, lambda: (
-                f"{op}: input_mode skip_input adds the input to every gate, so input_size "
-                f"({self.I}) must equal num_units ({self.U})"))
+            (check_shape if from_shapes else check_value)(self.I == self.U, lambda: (
+                f"{op}: argument '{'input' if from_shapes else 'input_mode'}': input_mode "
+                f"skip_input adds the input to every gate, so input_size ({self.I}) must equal "
+                f"num_units ({self.U})"))
         self.skip_input = input_mode == "skip_input" or (
             input_mode == "auto_select" and self.I == self.U)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import tf_shape
+from ._common import scalar_type_name, tf_shape
 from .layout import channel_layout_perm, empty_in_layout
 
 
@@ -25,12 +25,14 @@ def _paddings(explicit_paddings):
 def _sizes_list(sizes, op, name, tf_op):
     """`input_sizes` / `filter_sizes` as TF takes them: an int tensor (1-D), list or Size."""
     if isinstance(sizes, torch.Tensor):
+        # A sizes tensor is a value (a list of sizes), not data: a wrong rank is a ValueError,
+        # like a list of the wrong length; a dtype other than int32/int64 a TypeError.
         if sizes.dim() != 1:
             raise ValueError(f"{op}: argument '{name}': {tf_op}: {name} input must be 1-dim, "
                              f"not {sizes.dim()}")
         if sizes.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{op}: argument '{name}' must be an int32 or int64 tensor, got "
-                             f"{sizes.dtype}")
+            raise TypeError(f"{op}: argument '{name}' must be an int32 or int64 tensor, got "
+                            f"{sizes.dtype}")
         return [int(s) for s in sizes.tolist()]
     return [s if isinstance(s, torch.SymInt) else int(s) for s in sizes]
 
@@ -122,8 +124,10 @@ depthwise_conv2d_native_backprop_filter.__doc__ = """TF's
 
 
 # ---- fake kernels -----------------------------------------------------------------------------
-# The checks of csrc/common/depthwise_conv2d.cpp, in its order, with its messages; the output
-# follows the physical layout of the op's main tensor (input / out_backprop) as the kernels do.
+# The checks of csrc/common/depthwise_conv2d.cpp, in its order, with its messages and exception
+# types (docs/errors.md): attributes and sizes lists ValueError, dtypes TypeError, shapes that do
+# not fit and devices RuntimeError. The output follows the physical layout of the op's main
+# tensor (input / out_backprop) as the kernels do.
 _DW_FWD = "depthwise_conv2d_native"
 _DW_BI = "depthwise_conv2d_native_backprop_input"
 _DW_BF = "depthwise_conv2d_native_backprop_filter"
@@ -183,6 +187,14 @@ def _trunc_div(a, b):
     return a // b if a >= 0 else -((-a) // b)
 
 
+_INT32_MAX, _INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
+def _int64(v):
+    # static_cast<int64_t> of the kernel's 128-bit value, as its messages print it.
+    return (v + 2**63) % 2**64 - 2**63
+
+
 def depthwise_out_size(op, arg, size, k, s, d, padding, before, after):
     """Output length of one axis by TF's kernel rule (A3), dilation included."""
     K = (k - 1) * d + 1
@@ -190,11 +202,15 @@ def depthwise_out_size(op, arg, size, k, s, d, padding, before, after):
         out = _trunc_div(size - K + s, s)
     elif padding == "SAME":
         out = (size + s - 1) // s
+        torch._check((out - 1) * s + K - size <= 2 * _INT64_MAX + 1, lambda: (
+            f"{op}: argument '{arg}': padding too large"))
     else:
         out = _trunc_div(size + before + after - K + s, s)
-    torch._check_value(out >= 0, lambda: (
-        f"{op}: argument '{arg}': Computed output size would be negative: {out} [input_size: "
-        f"{size}, effective_filter_size: {K}, stride: {s}]"))
+    torch._check(out >= 0, lambda: (
+        f"{op}: argument '{arg}': Computed output size would be negative: {_int64(out)} "
+        f"[input_size: {size}, effective_filter_size: {_int64(K)}, stride: {s}]"))
+    torch._check(out <= _INT32_MAX, lambda: (
+        f"{op}: argument '{arg}': Computed output size too large: {_int64(out)}"))
     return out
 
 
@@ -203,6 +219,7 @@ def _nhwc(shape, nchw):
 
 
 def _dw_sizes(op, name, sizes):
+    # A sizes list with a negative entry or an overflowing product: ValueError.
     elems = 1
     for i, v in enumerate(sizes):
         torch._check_value(v >= 0, lambda: (
@@ -218,14 +235,21 @@ def _dw_sizes(op, name, sizes):
 
 
 def _dw_float(op, name, t):
-    torch._check_value(t.dtype in _DW_DTYPES, lambda: (
+    torch._check_type(t.dtype in _DW_DTYPES, lambda: (
         f"{op}: argument '{name}' must be a float16, bfloat16, float32 or float64 tensor, got "
-        f"{t.dtype}"))
+        f"{scalar_type_name(t.dtype)}"))
 
 
 def _dw_same_dtype(op, ref, ref_name, t, name):
-    torch._check_value(t.dtype == ref.dtype, lambda: (
-        f"{op}: argument '{name}' must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}"))
+    torch._check_type(t.dtype == ref.dtype, lambda: (
+        f"{op}: argument '{name}' must have the dtype of {ref_name} "
+        f"({scalar_type_name(ref.dtype)}), got {scalar_type_name(t.dtype)}"))
+
+
+def _dw_same_device(op, ref, ref_name, t, name):
+    torch._check(t.device == ref.device, lambda: (
+        f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+        "tensors must be on one device"))
 
 
 def _dw_window(op, arg, nhwc, fh, fw, padding, strides, dilations, pads):
@@ -237,28 +261,32 @@ def _dw_window(op, arg, nhwc, fh, fw, padding, strides, dilations, pads):
 
 def _dw_check_backprop(op, label, input_arg, filter_arg, input_shape, filter_shape, dy, nchw,
                        padding, strides, dilations, pads):
-    torch._check_value(len(input_shape) == 4, lambda: (
+    # One of input/filter is a sizes list (its wrong length: ValueError), the other a tensor
+    # (its wrong rank: RuntimeError).
+    input_check = torch._check_value if input_arg == "input_sizes" else torch._check
+    filter_check = torch._check_value if filter_arg == "filter_sizes" else torch._check
+    input_check(len(input_shape) == 4, lambda: (
         f"{op}: argument '{input_arg}': {label}: input must be 4-dimensional"))
-    torch._check_value(len(filter_shape) == 4, lambda: (
+    filter_check(len(filter_shape) == 4, lambda: (
         f"{op}: argument '{filter_arg}': {label}: filter must be 4-dimensional"))
-    torch._check_value(dy.dim() == 4, lambda: (
+    torch._check(dy.dim() == 4, lambda: (
         f"{op}: argument 'out_backprop': {label}: out_backprop must be 4-dimensional"))
     N, H, W, C = _nhwc(input_shape, nchw)
-    torch._check_value(N == dy.shape[0], lambda: (
+    torch._check(N == dy.shape[0], lambda: (
         f"{op}: argument 'out_backprop': {label}: input and out_backprop must have the same "
         "batch size"))
-    torch._check_value(C == filter_shape[2], lambda: (
+    torch._check(C == filter_shape[2], lambda: (
         f"{op}: argument '{filter_arg}': {label}: input and filter must have the same in_depth"))
     _, dyH, dyW, dyC = _nhwc(dy.shape, nchw)
-    torch._check_value(filter_shape[3] * C == dyC, lambda: (
+    torch._check(filter_shape[3] * C == dyC, lambda: (
         f"{op}: argument 'out_backprop': {label}: depth_multiplier * in_depth not equal to "
         "out_depth"))
     Ho, Wo = _dw_window(op, input_arg, (N, H, W, C), filter_shape[0], filter_shape[1], padding,
                         strides, dilations, pads)
-    torch._check_value(Ho == dyH, lambda: (
+    torch._check(Ho == dyH, lambda: (
         f"{op}: argument 'out_backprop': {label}: Number of rows of out_backprop doesn't match "
         f"computed: actual = {dyH}, computed = {Ho}"))
-    torch._check_value(Wo == dyW, lambda: (
+    torch._check(Wo == dyW, lambda: (
         f"{op}: argument 'out_backprop': {label}: Number of cols of out_backprop doesn't match "
         f"computed: actual = {dyW}, computed = {Wo}"))
 
@@ -274,16 +302,17 @@ def _depthwise_conv2d_native_fake(input, filter, strides, padding, explicit_padd
     op = _DW_FWD
     nchw, st, dil, pads = _dw_attrs(op, strides, padding, explicit_paddings, data_format,
                                     dilations)
-    torch._check_value(input.dim() == 4, lambda: (
+    torch._check(input.dim() == 4, lambda: (
         f"{op}: argument 'input': input must be 4-dimensional{tf_shape(input.shape)}"))
-    torch._check_value(filter.dim() == 4, lambda: (
+    torch._check(filter.dim() == 4, lambda: (
         f"{op}: argument 'filter': filter must be 4-dimensional: {tf_shape(filter.shape)}"))
     N, H, W, C = _nhwc(input.shape, nchw)
-    torch._check_value(C == filter.shape[2], lambda: (
+    torch._check(C == filter.shape[2], lambda: (
         f"{op}: argument 'filter': input and filter must have the same depth: {C} vs "
         f"{filter.shape[2]}"))
     _dw_float(op, "input", input)
     _dw_same_dtype(op, input, "input", filter, "filter")
+    _dw_same_device(op, input, "input", filter, "filter")
     Ho, Wo = _dw_window(op, "input", (N, H, W, C), filter.shape[0], filter.shape[1], padding,
                         st, dil, pads)
     CM = C * filter.shape[3]
@@ -304,6 +333,7 @@ def _depthwise_conv2d_native_backprop_input_fake(input_sizes, filter, out_backpr
                        dil, pads)
     _dw_float(op, "filter", filter)
     _dw_same_dtype(op, filter, "filter", out_backprop, "out_backprop")
+    _dw_same_device(op, filter, "filter", out_backprop, "out_backprop")
     return _dw_empty_like_layout(out_backprop, list(input_sizes), nchw)
 
 
@@ -320,6 +350,7 @@ def _depthwise_conv2d_native_backprop_filter_fake(input, filter_sizes, out_backp
                        dil, pads)
     _dw_float(op, "input", input)
     _dw_same_dtype(op, input, "input", out_backprop, "out_backprop")
+    _dw_same_device(op, input, "input", out_backprop, "out_backprop")
     return input.new_empty(list(filter_sizes))
 
 
