@@ -15,6 +15,7 @@ Decisions (printed at build time):
   and `_loader.py` checks it again at import.
 * torch must already be installed: build with `pip install --no-build-isolation .`.
 """
+
 import glob
 import os
 import sys
@@ -27,8 +28,10 @@ try:
 except ImportError as e:
     # pyproject.toml cannot list torch as a build requirement (an isolated build would fetch the
     # newest torch and build against the wrong ABI), so a plain `pip install .` lands here.
-    sys.exit(f"torch_tfgrads: building needs torch ({e}): install torch first, then build with "
-             "`pip install --no-build-isolation .` (pip's isolated build environment has no torch)")
+    sys.exit(
+        f"torch_tfgrads: building needs torch ({e}): install torch first, then build with "
+        "`pip install --no-build-isolation .` (pip's isolated build environment has no torch)"
+    )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PKG = "torch_tfgrads"
@@ -46,7 +49,8 @@ def _want_cuda():
         if not is_cuda_torch or CUDA_HOME is None:
             raise RuntimeError(
                 "FORCE_CUDA=1 but torch is a CPU build (torch.version.cuda is None) or nvcc was "
-                f"not found (CUDA_HOME={CUDA_HOME}); install a CUDA torch and the CUDA toolkit")
+                f"not found (CUDA_HOME={CUDA_HOME}); install a CUDA torch and the CUDA toolkit"
+            )
         return True, "FORCE_CUDA=1"
     if not is_cuda_torch:
         return False, f"torch {torch.__version__} is a CPU build"
@@ -68,14 +72,19 @@ def _cxx_accepts(flags):
     """Whether the C++ compiler takes these flags (tuning flags differ between GCC versions)."""
     import subprocess
     import tempfile
+
     cxx = os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe.cpp")
         with open(src, "w") as f:
             f.write("int main() { return 0; }\n")
         try:
-            return subprocess.run([cxx, *flags, "-Werror", "-c", src, "-o", src + ".o"],
-                                  capture_output=True).returncode == 0
+            return (
+                subprocess.run(
+                    [cxx, *flags, "-Werror", "-c", src, "-o", src + ".o"], capture_output=True
+                ).returncode
+                == 0
+            )
         except OSError:
             return False
 
@@ -93,8 +102,12 @@ def _extension():
     if sanitize:
         # AddressSanitizer + UndefinedBehaviorSanitizer (`make sanitize`): any out-of-bounds
         # access, use of freed memory or undefined behaviour in our kernels aborts the test run.
-        flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                 "-fno-omit-frame-pointer", "-g"]
+        flags = [
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer",
+            "-g",
+        ]
         cxx += flags
         link += flags
     # no fast-math: TF parity. nvcc does not get sysconfig's CFLAGS; -g0 still keeps the host
@@ -113,8 +126,10 @@ def _extension():
         # GCC's generic tuning splits unaligned 256-bit loads/stores into 128-bit halves and
         # copies vector objects in 16-byte pieces (stores then a wide reload: a store-forwarding
         # stall); every AVX2 CPU does better with whole 256-bit accesses.
-        for tune in (["-mno-avx256-split-unaligned-load", "-mno-avx256-split-unaligned-store"],
-                     ["-mmove-max=256", "-mstore-max=256"]):
+        for tune in (
+            ["-mno-avx256-split-unaligned-load", "-mno-avx256-split-unaligned-store"],
+            ["-mmove-max=256", "-mstore-max=256"],
+        ):
             if _cxx_accepts(tune):
                 cxx += tune
     else:
@@ -129,9 +144,11 @@ def _extension():
             print("torch_tfgrads: no GPU visible, TORCH_CUDA_ARCH_LIST defaults to 9.0")
         nvcc += ["--expt-relaxed-constexpr"]
 
-    print(f"torch_tfgrads: CUDA kernels {'ON' if use_cuda else 'OFF'} ({why}); "
-          f"CPU SIMD {simd}; {'debug' if debug else 'release'} build"
-          f"{'; ASan+UBSan' if sanitize else ''}; {len(sources)} sources")
+    print(
+        f"torch_tfgrads: CUDA kernels {'ON' if use_cuda else 'OFF'} ({why}); "
+        f"CPU SIMD {simd}; {'debug' if debug else 'release'} build"
+        f"{'; ASan+UBSan' if sanitize else ''}; {len(sources)} sources"
+    )
     with open(os.path.join(ROOT, PKG, "_build_info.py"), "w") as f:
         f.write("# Written by setup.py at build time.\n")
         f.write(f"CPU_SIMD = {simd!r}\nWITH_CUDA = {use_cuda!r}\n")
@@ -156,18 +173,24 @@ def _extension():
 def _use_wheel_cudart(module):
     """A toolkit with only the compiler (no lib64/libcudart.so, as on our CPU machines) can still
     link against the CUDA runtime that torch's own nvidia-cuda-runtime wheel ships."""
-    if glob.glob(os.path.join(CUDA_HOME, "lib64", "libcudart.so")) or \
-            glob.glob(os.path.join(CUDA_HOME, "lib", "libcudart.so")):
+    if glob.glob(os.path.join(CUDA_HOME, "lib64", "libcudart.so")) or glob.glob(
+        os.path.join(CUDA_HOME, "lib", "libcudart.so")
+    ):
         return
     import site
+
     for sp in site.getsitepackages():
         nvidia = os.path.join(sp, "nvidia")
-        found = sorted(glob.glob(os.path.join(nvidia, "*", "lib", "libcudart.so.*")) +
-                       glob.glob(os.path.join(nvidia, "cuda_runtime", "lib", "libcudart.so.*")))
+        found = sorted(
+            glob.glob(os.path.join(nvidia, "*", "lib", "libcudart.so.*"))
+            + glob.glob(os.path.join(nvidia, "cuda_runtime", "lib", "libcudart.so.*"))
+        )
         if found:
             module.library_dirs.append(os.path.dirname(found[0]))
-            module.libraries = [f":{os.path.basename(found[0])}" if lib == "cudart" else lib
-                                for lib in module.libraries]
+            module.libraries = [
+                f":{os.path.basename(found[0])}" if lib == "cudart" else lib
+                for lib in module.libraries
+            ]
             print(f"torch_tfgrads: linking the CUDA runtime of torch's wheel: {found[0]}")
             return
 

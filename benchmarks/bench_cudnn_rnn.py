@@ -6,6 +6,7 @@ float32, time-major input (Keras gets the same data batch-major), zero initial s
 bidirectional, the issue's shapes (T, B, I, U). Prints medians of interleaved rounds in ms and
 ours against the faster peer (target <= 1.00), plus our GEMM throughput.
 """
+
 import os
 import sys
 
@@ -16,8 +17,12 @@ import common  # noqa: E402
 
 SHAPES = [(50, 32, 128, 256), (100, 16, 64, 128), (20, 64, 256, 512)]
 # The tfgrads ops these rows time (tests/test_registry.py checks every op has a benchmark row).
-TIMED_OPS = ("cudnn_rnn_v3", "cudnn_rnn_backprop_v3", "cudnn_rnn_canonical_to_params_v2",
-             "cudnn_rnn_params_to_canonical_v2")
+TIMED_OPS = (
+    "cudnn_rnn_v3",
+    "cudnn_rnn_backprop_v3",
+    "cudnn_rnn_canonical_to_params_v2",
+    "cudnn_rnn_params_to_canonical_v2",
+)
 MODES = ("lstm", "gru")
 DIRECTIONS = ("unidirectional", "bidirectional")
 
@@ -38,6 +43,7 @@ def peer_fns(mode, shape, direction, T=None, tf=None):
         def ours():
             out = T.cudnn_rnn_v3(x, h, h, p, lens, mode, direction=direction)[0]
             torch.autograd.grad(out, (x, p), dy)
+
         fns["ours"] = ours
         cls = torch.nn.LSTM if mode == "lstm" else torch.nn.GRU
         m = cls(I, U, bidirectional=D == 2)
@@ -46,13 +52,16 @@ def peer_fns(mode, shape, direction, T=None, tf=None):
         def torch_rnn():
             out, _ = m(x)
             torch.autograd.grad(out, [x] + params, dy)
+
         fns["torch"] = torch_rnn
     if tf is not None:
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
         import keras
+
         kw = {"reset_after": True} if mode == "gru" else {}
         cell = (keras.layers.LSTM if mode == "lstm" else keras.layers.GRU)(
-            U, return_sequences=True, **kw)
+            U, return_sequences=True, **kw
+        )
         layer = keras.layers.Bidirectional(cell) if D == 2 else cell
         tx = tf.constant(x.detach().transpose(0, 1).contiguous().numpy())  # Keras: batch-major
         tdy = tf.constant(dy.transpose(0, 1).contiguous().numpy())
@@ -64,6 +73,7 @@ def peer_fns(mode, shape, direction, T=None, tf=None):
                 tape.watch(tx)
                 y = layer(tx)
             return tape.gradient(y, [tx] + layer.trainable_variables, output_gradients=tdy)[0]
+
         fns["keras"] = lambda: step().numpy()
     return fns
 
@@ -84,27 +94,34 @@ def conversion_fns(T, mode, shape, direction):
     p = torch.randn(n)
     G = 4 if mode == "lstm" else 3
     LD = 2 * (2 if direction == "bidirectional" else 1)
-    w, b = T.cudnn_rnn_params_to_canonical_v2(2, U, I, p, LD * 2 * G, LD * 2 * G, mode,
-                                              direction=direction)
+    w, b = T.cudnn_rnn_params_to_canonical_v2(
+        2, U, I, p, LD * 2 * G, LD * 2 * G, mode, direction=direction
+    )
     flat = w + b
     sizes = [t.numel() for t in flat]
     return {
         "canonical_to_params": lambda: T.cudnn_rnn_canonical_to_params_v2(
-            2, U, I, w, b, mode, direction=direction),
+            2, U, I, w, b, mode, direction=direction
+        ),
         "torch cat": lambda: torch.cat([t.reshape(-1) for t in flat]),
         "params_to_canonical": lambda: T.cudnn_rnn_params_to_canonical_v2(
-            2, U, I, p, LD * 2 * G, LD * 2 * G, mode, direction=direction),
+            2, U, I, p, LD * 2 * G, LD * 2 * G, mode, direction=direction
+        ),
         "torch split+clone": lambda: [t.clone() for t in p.split(sizes)],
     }
 
 
 def main():
     import torch_tfgrads as T
+
     common.setup_process()
     tf = common.import_tf()
-    print(f"CudnnRNN forward+backward, float32, 1 layer, {common.THREADS} threads, torch "
-          f"{torch.__version__}, TF {tf.__version__ if tf else 'absent'} (Keras in a "
-          "tf.function); ms (median of interleaved rounds)", flush=True)
+    print(
+        f"CudnnRNN forward+backward, float32, 1 layer, {common.THREADS} threads, torch "
+        f"{torch.__version__}, TF {tf.__version__ if tf else 'absent'} (Keras in a "
+        "tf.function); ms (median of interleaved rounds)",
+        flush=True,
+    )
     rows = []
     nan = float("nan")
     for mode in MODES:
@@ -115,28 +132,56 @@ def main():
                 best = min(v for v in (pt, ke) if v == v)
                 D = 2 if direction == "bidirectional" else 1
                 gflops = gemm_flops(mode, shape, D) / (ours * 1e-3) / 1e9
-                rows.append([mode, ",".join(map(str, shape)), direction[:3] if D == 1 else "bi",
-                             common.fmt_ms(ours), common.fmt_ms(pt), common.fmt_ms(ke),
-                             f"{ours / best:.2f}", f"{gflops:.0f}"])
+                rows.append(
+                    [
+                        mode,
+                        ",".join(map(str, shape)),
+                        direction[:3] if D == 1 else "bi",
+                        common.fmt_ms(ours),
+                        common.fmt_ms(pt),
+                        common.fmt_ms(ke),
+                        f"{ours / best:.2f}",
+                        f"{gflops:.0f}",
+                    ]
+                )
                 print("  " + " ".join(str(c) for c in rows[-1]), flush=True)
-    common.print_table(["mode", "T,B,I,U", "dir", "ours", "torch", "Keras", "ours/best",
-                        "ours GFLOP/s"], rows)
+    common.print_table(
+        ["mode", "T,B,I,U", "dir", "ours", "torch", "Keras", "ours/best", "ours GFLOP/s"], rows
+    )
     print("Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF).")
     rows = []
     for mode in MODES:
         for direction in DIRECTIONS:
             shape = SHAPES[0]
             t = common.interleaved_ms(conversion_fns(T, mode, shape, direction), rounds=5)
-            rows.append([mode, ",".join(map(str, shape[2:])), direction[:3] if direction[0] == "u"
-                         else "bi", common.fmt_ms(t["canonical_to_params"]),
-                         common.fmt_ms(t["torch cat"]),
-                         f"{t['canonical_to_params'] / t['torch cat']:.2f}",
-                         common.fmt_ms(t["params_to_canonical"]),
-                         common.fmt_ms(t["torch split+clone"]),
-                         f"{t['params_to_canonical'] / t['torch split+clone']:.2f}"])
+            rows.append(
+                [
+                    mode,
+                    ",".join(map(str, shape[2:])),
+                    direction[:3] if direction[0] == "u" else "bi",
+                    common.fmt_ms(t["canonical_to_params"]),
+                    common.fmt_ms(t["torch cat"]),
+                    f"{t['canonical_to_params'] / t['torch cat']:.2f}",
+                    common.fmt_ms(t["params_to_canonical"]),
+                    common.fmt_ms(t["torch split+clone"]),
+                    f"{t['params_to_canonical'] / t['torch split+clone']:.2f}",
+                ]
+            )
     print("\nParams conversions, 2 layers (I,U as above), ms:")
-    common.print_table(["mode", "I,U", "dir", "canonical->params", "torch cat", "ratio",
-                        "params->canonical", "torch split", "ratio"], rows)
+    common.print_table(
+        [
+            "mode",
+            "I,U",
+            "dir",
+            "canonical->params",
+            "torch cat",
+            "ratio",
+            "params->canonical",
+            "torch split",
+            "ratio",
+        ],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Shapes (N, H, W, C, k, s) are the issue's; padding SAME. Prints medians in ms, o
 faster peer (target <= 1.00 everywhere), and our bytes/s (minimal traffic: each tensor read or
 written once) against a measured copy of the input's size.
 """
+
 import os
 import sys
 
@@ -17,10 +18,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 # The tfgrads ops these rows time (tests/test_registry.py checks every op has a benchmark row).
-TIMED_OPS = ("depthwise_conv2d_native", "depthwise_conv2d_native_backprop_input",
-             "depthwise_conv2d_native_backprop_filter")
-SHAPES = [(32, 56, 56, 64, 3, 1), (32, 28, 28, 256, 3, 2), (16, 112, 112, 32, 5, 1),
-          (64, 14, 14, 512, 3, 1)]
+TIMED_OPS = (
+    "depthwise_conv2d_native",
+    "depthwise_conv2d_native_backprop_input",
+    "depthwise_conv2d_native_backprop_filter",
+)
+SHAPES = [
+    (32, 56, 56, 64, 3, 1),
+    (32, 28, 28, 256, 3, 2),
+    (16, 112, 112, 32, 5, 1),
+    (64, 14, 14, 512, 3, 1),
+]
 OPS = ("forward", "backprop_input", "backprop_filter")
 
 
@@ -50,9 +58,11 @@ def peer_fns(shape, T=None, tf=None):
     if T is not None:
         fns[("ours", "forward")] = lambda: T.depthwise_conv2d_native(x, f, st, "SAME")
         fns[("ours", "backprop_input")] = lambda: T.depthwise_conv2d_native_backprop_input(
-            [N, H, W, C], f, dy, st, "SAME")
+            [N, H, W, C], f, dy, st, "SAME"
+        )
         fns[("ours", "backprop_filter")] = lambda: T.depthwise_conv2d_native_backprop_filter(
-            x, [k, k, C, 1], dy, st, "SAME")
+            x, [k, k, C, 1], dy, st, "SAME"
+        )
         # PyTorch's depthwise convolution (groups=C) on channels_last views of the same memory.
         # TF's SAME padding is symmetric for these shapes except the stride-2 one, where
         # PyTorch pads one more on the top/left (same work, same output size).
@@ -62,25 +72,30 @@ def peer_fns(shape, T=None, tf=None):
         conv, cb = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
         assert conv(xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C).shape == dyc.shape
         args = (dyc, xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C)
-        fns[("torch", "forward")] = lambda: conv(xc, w, None, [s, s], [p, p], [1, 1], False,
-                                                 [0, 0], C)
+        fns[("torch", "forward")] = lambda: conv(
+            xc, w, None, [s, s], [p, p], [1, 1], False, [0, 0], C
+        )
         fns[("torch", "backprop_input")] = lambda: cb(*args, [True, False, False])
         fns[("torch", "backprop_filter")] = lambda: cb(*args, [False, True, False])
     if tf is not None:
         tx, tfl, tdy = (tf.constant(t.numpy()) for t in (x, f, dy))
         isz, fsz = tf.constant([N, H, W, C], tf.int32), tf.constant([k, k, C, 1], tf.int32)
         fns[("tf", "forward")] = lambda: tf.raw_ops.DepthwiseConv2dNative(
-            input=tx, filter=tfl, strides=st, padding="SAME").numpy()
+            input=tx, filter=tfl, strides=st, padding="SAME"
+        ).numpy()
         fns[("tf", "backprop_input")] = lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
-            input_sizes=isz, filter=tfl, out_backprop=tdy, strides=st, padding="SAME").numpy()
+            input_sizes=isz, filter=tfl, out_backprop=tdy, strides=st, padding="SAME"
+        ).numpy()
         fns[("tf", "backprop_filter")] = lambda: tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-            input=tx, filter_sizes=fsz, out_backprop=tdy, strides=st, padding="SAME").numpy()
+            input=tx, filter_sizes=fsz, out_backprop=tdy, strides=st, padding="SAME"
+        ).numpy()
     return fns
 
 
 def main():
     if "--tf-only" in sys.argv:  # child process: TF timings only (env chooses the TF path)
         import json
+
         common.setup_process()
         tf = common.import_tf()
         out = {}
@@ -90,14 +105,17 @@ def main():
         print(json.dumps(out))
         return
     import torch_tfgrads as T
+
     common.setup_process()
     tf = common.import_tf()
     eigen = {}
     if tf is not None:
         eigen = common.run_child(__file__, ["--tf-only"], {"TF_ENABLE_ONEDNN_OPTS": "0"})
-    print(f"DepthwiseConv2dNative, float32 NHWC, SAME, multiplier 1, {common.THREADS} threads, "
-          f"torch {torch.__version__}, TF {tf.__version__ if tf else 'absent'}; ms (median of "
-          "interleaved rounds)")
+    print(
+        f"DepthwiseConv2dNative, float32 NHWC, SAME, multiplier 1, {common.THREADS} threads, "
+        f"torch {torch.__version__}, TF {tf.__version__ if tf else 'absent'}; ms (median of "
+        "interleaved rounds)"
+    )
     rows = []
     nan = float("nan")
     for shape in SHAPES:
@@ -113,13 +131,37 @@ def main():
             ours, pt, tfd = t[("ours", op)], t[("torch", op)], t.get(("tf", op), nan)
             best = min(v for v in (tfd, tfe[i], pt) if v == v)
             gbs = (nx + ny + nf) / (ours * 1e-3) / 1e9  # each tensor read or written once
-            rows.append([",".join(map(str, shape)), op, common.fmt_ms(ours), common.fmt_ms(tfd),
-                         common.fmt_ms(tfe[i]), common.fmt_ms(pt), f"{ours / best:.2f}",
-                         f"{gbs:.1f}", f"{100 * gbs / bw:.0f}%"])
-    common.print_table(["N,H,W,C,k,s", "op", "ours", "TF default", "TF Eigen", "torch",
-                        "ours/best", "ours GB/s", "% copy"], rows)
-    print("Target: ours/best <= 1.00 (best = fastest of TF default (oneDNN), TF Eigen, torch); "
-          "% copy = our minimal bytes/s against a measured copy of x.")
+            rows.append(
+                [
+                    ",".join(map(str, shape)),
+                    op,
+                    common.fmt_ms(ours),
+                    common.fmt_ms(tfd),
+                    common.fmt_ms(tfe[i]),
+                    common.fmt_ms(pt),
+                    f"{ours / best:.2f}",
+                    f"{gbs:.1f}",
+                    f"{100 * gbs / bw:.0f}%",
+                ]
+            )
+    common.print_table(
+        [
+            "N,H,W,C,k,s",
+            "op",
+            "ours",
+            "TF default",
+            "TF Eigen",
+            "torch",
+            "ours/best",
+            "ours GB/s",
+            "% copy",
+        ],
+        rows,
+    )
+    print(
+        "Target: ours/best <= 1.00 (best = fastest of TF default (oneDNN), TF Eigen, torch); "
+        "% copy = our minimal bytes/s against a measured copy of x."
+    )
 
 
 if __name__ == "__main__":

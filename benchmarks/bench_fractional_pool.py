@@ -7,6 +7,7 @@ Prints medians in ms, ours/TF (target <= 0.5), ours/torch (target <= 1 for max),
 effective bandwidth (forward reads x and writes y; grad reads dy and writes dx, plus x and y for
 max) against a measured copy of the input's size.
 """
+
 import os
 import sys
 
@@ -17,8 +18,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 # The tfgrads ops these rows time (tests/test_registry.py checks every op has a benchmark row).
-TIMED_OPS = ("fractional_avg_pool", "fractional_max_pool", "fractional_avg_pool_grad",
-             "fractional_max_pool_grad")
+TIMED_OPS = (
+    "fractional_avg_pool",
+    "fractional_max_pool",
+    "fractional_avg_pool_grad",
+    "fractional_max_pool_grad",
+)
 SHAPES = [(16, 64, 64, 32), (8, 112, 112, 16)]
 RATIOS = [1.44, 1.73]
 
@@ -28,38 +33,61 @@ def tf_fns(tf, kind, x, out, dy, rows, cols, ratio, overlapping):
     tr, tc = tf.constant(rows.numpy()), tf.constant(cols.numpy())
     pr = [1.0, ratio, ratio, 1.0]
     op = tf.raw_ops.FractionalAvgPool if kind == "avg" else tf.raw_ops.FractionalMaxPool
-    fwd = lambda: op(value=tx, pooling_ratio=pr, overlapping=overlapping,  # noqa: E731
-                     deterministic=True, seed=1, seed2=2)[0].numpy()
+    fwd = lambda: op(
+        value=tx,
+        pooling_ratio=pr,
+        overlapping=overlapping,  # noqa: E731
+        deterministic=True,
+        seed=1,
+        seed2=2,
+    )[0].numpy()
     if kind == "avg":
         shape = tf.constant(list(x.shape), tf.int64)
         grad = lambda: tf.raw_ops.FractionalAvgPoolGrad(  # noqa: E731
-            orig_input_tensor_shape=shape, out_backprop=tdy, row_pooling_sequence=tr,
-            col_pooling_sequence=tc, overlapping=overlapping).numpy()
+            orig_input_tensor_shape=shape,
+            out_backprop=tdy,
+            row_pooling_sequence=tr,
+            col_pooling_sequence=tc,
+            overlapping=overlapping,
+        ).numpy()
     else:
         grad = lambda: tf.raw_ops.FractionalMaxPoolGrad(  # noqa: E731
-            orig_input=tx, orig_output=ty, out_backprop=tdy, row_pooling_sequence=tr,
-            col_pooling_sequence=tc, overlapping=overlapping).numpy()
+            orig_input=tx,
+            orig_output=ty,
+            out_backprop=tdy,
+            row_pooling_sequence=tr,
+            col_pooling_sequence=tc,
+            overlapping=overlapping,
+        ).numpy()
     return {("TF", "forward"): fwd, ("TF", "grad"): grad}
 
 
 def torch_max_fns(x, out_hw):
     xc = x.permute(0, 3, 1, 2)  # channels_last NCHW view of the same memory
     samples = torch.rand(x.shape[0], x.shape[3], 2)
-    y, idx = F.fractional_max_pool2d(xc, 2, output_size=out_hw, return_indices=True,
-                                     _random_samples=samples)
+    y, idx = F.fractional_max_pool2d(
+        xc, 2, output_size=out_hw, return_indices=True, _random_samples=samples
+    )
     gy = torch.randn_like(y)
-    return {("torch", "forward"): lambda: F.fractional_max_pool2d(
-                xc, 2, output_size=out_hw, return_indices=True, _random_samples=samples),
-            ("torch", "grad"): lambda: torch.ops.aten.fractional_max_pool2d_backward(
-                gy, xc, [2, 2], list(out_hw), idx)}
+    return {
+        ("torch", "forward"): lambda: F.fractional_max_pool2d(
+            xc, 2, output_size=out_hw, return_indices=True, _random_samples=samples
+        ),
+        ("torch", "grad"): lambda: torch.ops.aten.fractional_max_pool2d_backward(
+            gy, xc, [2, 2], list(out_hw), idx
+        ),
+    }
 
 
 def main():
     import torch_tfgrads as T
+
     common.setup_process()
     tf = common.import_tf()
-    print(f"FractionalPool, float32 NHWC, {common.THREADS} threads, torch {torch.__version__}, "
-          f"TF {tf.__version__ if tf else 'absent'}; ms (median of interleaved rounds)")
+    print(
+        f"FractionalPool, float32 NHWC, {common.THREADS} threads, torch {torch.__version__}, "
+        f"TF {tf.__version__ if tf else 'absent'}; ms (median of interleaved rounds)"
+    )
     rows_out = []
     for shape in SHAPES:
         x = torch.randn(shape)
@@ -74,10 +102,12 @@ def main():
                     fns = {("ours", "forward"): lambda: fwd(x, pr, False, overlapping, True, 1, 2)}
                     if kind == "avg":
                         fns[("ours", "grad")] = lambda: T.fractional_avg_pool_grad(
-                            x.shape, dy, rows, cols, overlapping)
+                            x.shape, dy, rows, cols, overlapping
+                        )
                     else:
                         fns[("ours", "grad")] = lambda: T.fractional_max_pool_grad(
-                            x, out, dy, rows, cols, overlapping)
+                            x, out, dy, rows, cols, overlapping
+                        )
                         fns.update(torch_max_fns(x, out.shape[1:3]))
                     if tf is not None:
                         fns.update(tf_fns(tf, kind, x, out, dy, rows, cols, ratio, overlapping))
@@ -87,22 +117,51 @@ def main():
                     tf_f, tf_g = t.get(("TF", "forward"), nan), t.get(("TF", "grad"), nan)
                     pt_f, pt_g = t.get(("torch", "forward"), nan), t.get(("torch", "grad"), nan)
                     nx, ny = x.numel() * 4, out.numel() * 4
-                    traffic = {"forward": nx + ny,
-                               "grad": (ny + nx) if kind == "avg" else (2 * ny + 2 * nx)}
-                    for op, ours, tfv, ptv in (("forward", ours_f, tf_f, pt_f),
-                                               ("grad", ours_g, tf_g, pt_g)):
+                    traffic = {
+                        "forward": nx + ny,
+                        "grad": (ny + nx) if kind == "avg" else (2 * ny + 2 * nx),
+                    }
+                    for op, ours, tfv, ptv in (
+                        ("forward", ours_f, tf_f, pt_f),
+                        ("grad", ours_g, tf_g, pt_g),
+                    ):
                         gbs = traffic[op] / (ours * 1e-3) / 1e9
-                        rows_out.append([
-                            "x".join(map(str, shape)), f"{ratio}", "yes" if overlapping else "no",
-                            f"{kind} {op}", common.fmt_ms(ours), common.fmt_ms(tfv),
-                            common.fmt_ms(ptv), f"{ours / tfv:.2f}" if tfv == tfv else "-",
-                            f"{ours / ptv:.2f}" if ptv == ptv else "-", f"{gbs:.1f}",
-                            f"{100 * gbs / bw:.0f}%"])
-    common.print_table(["NHWC shape", "ratio", "overlap", "op", "ours", "TF", "torch",
-                        "ours/TF", "ours/torch", "ours GB/s", "% copy"], rows_out)
-    print("Targets: ours/TF <= 0.50 everywhere; ours/torch <= 1.00 for max. torch = "
-          "F.fractional_max_pool2d (kernel 2) on the channels_last view; % copy = our bytes/s "
-          "against a measured copy of x.")
+                        rows_out.append(
+                            [
+                                "x".join(map(str, shape)),
+                                f"{ratio}",
+                                "yes" if overlapping else "no",
+                                f"{kind} {op}",
+                                common.fmt_ms(ours),
+                                common.fmt_ms(tfv),
+                                common.fmt_ms(ptv),
+                                f"{ours / tfv:.2f}" if tfv == tfv else "-",
+                                f"{ours / ptv:.2f}" if ptv == ptv else "-",
+                                f"{gbs:.1f}",
+                                f"{100 * gbs / bw:.0f}%",
+                            ]
+                        )
+    common.print_table(
+        [
+            "NHWC shape",
+            "ratio",
+            "overlap",
+            "op",
+            "ours",
+            "TF",
+            "torch",
+            "ours/TF",
+            "ours/torch",
+            "ours GB/s",
+            "% copy",
+        ],
+        rows_out,
+    )
+    print(
+        "Targets: ours/TF <= 0.50 everywhere; ours/torch <= 1.00 for max. torch = "
+        "F.fractional_max_pool2d (kernel 2) on the channels_last view; % copy = our bytes/s "
+        "against a measured copy of x."
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ its Eigen path in a child process, and table printing.
 
 Benchmarks are never timed tests: they print numbers, they do not assert them.
 """
+
 import glob
 import json
 import os
@@ -34,6 +35,7 @@ def keep_freed_memory():
     """
     try:
         import ctypes
+
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
@@ -130,8 +132,9 @@ def copy_gbs(numel, ms, dtype=torch.float32):
 def run_child(script, args, env_overrides):
     """Runs `script args` in a child process with env overrides; returns its last JSON line."""
     env = dict(os.environ, **env_overrides)
-    out = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, script, *args], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -5,6 +5,7 @@ which has to be set before the first import, hence here. With TFGRADS_REQUIRE_TF
 missing TensorFlow fails the tests that need it instead of skipping them; the same holds for
 TFGRADS_REQUIRE_CUDA=1 and the CUDA tests.
 """
+
 import os
 
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"

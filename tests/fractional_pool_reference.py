@@ -10,6 +10,7 @@ Mirrors (descriptions, not copies):
   .../random_distributions.h                             (SingleSampleAdapter)
   tensorflow/core/kernels/fractional_pool_common.{h,cc}  (GeneratePoolingSequence, RandomShuffle)
 """
+
 import math
 import struct
 
@@ -26,7 +27,7 @@ class Philox:
             self.counter = list(counter)
             self.key = list(key)
         else:
-            s = seed & 0xFFFFFFFFFFFFFFFF      # int64 attr reinterpreted as uint64
+            s = seed & 0xFFFFFFFFFFFFFFFF  # int64 attr reinterpreted as uint64
             s2 = seed2 & 0xFFFFFFFFFFFFFFFF
             self.key = [s & M32, (s >> 32) & M32]
             self.counter = [0, 0, s2 & M32, (s2 >> 32) & M32]
@@ -73,7 +74,9 @@ class Philox:
 class GuardedPhilox:
     def __init__(self, seed, seed2):
         if seed == 0 and seed2 == 0:
-            raise ValueError("seed==seed2==0 means 'random seeds from random::New64()' in TF: not reproducible")
+            raise ValueError(
+                "seed==seed2==0 means 'random seeds from random::New64()' in TF: not reproducible"
+            )
         self.gen = Philox(seed, seed2)
 
     def reserve_samples128(self, n):
@@ -107,19 +110,20 @@ def uint64_to_double(x0, x1):
 
 
 def _seq_pseudo_random(n_in, n_out, g):
-    alpha = n_in / n_out                 # double
+    alpha = n_in / n_out  # double
     k = n_in // n_out
     u_max1 = (k + 2) / alpha - 1
     u_max2 = (n_in + 1 - k) / alpha - (n_out - 1)
     max_u = min(u_max1, u_max2)
     single = SingleSample(g.reserve_samples32(2))
-    x0 = single(); x1 = single()
+    x0 = single()
+    x1 = single()
     u = uint64_to_double(x0, x1) * max_u
     cum = [0] * (n_out + 1)
     cum[0] = 1
     cum[n_out] = n_in + 1
     for i in range(1, n_out):
-        cum[i] = int(math.ceil(alpha * (i + u)))   # static_cast<int>(ceil(double))
+        cum[i] = int(math.ceil(alpha * (i + u)))  # static_cast<int>(ceil(double))
     return [cum[i + 1] - cum[i] for i in range(n_out)]
 
 
@@ -146,6 +150,7 @@ def generate_pooling_sequence(n_in, n_out, g, pseudo_random):
 def output_size(n, ratio):
     """static_cast<int>(std::floor(int / float)) computed in float32 (int promoted to float)."""
     import numpy as np
+
     return int(math.floor(np.float32(n) / np.float32(ratio)))
 
 
@@ -161,58 +166,74 @@ def fractional_sequences(in_h, in_w, pooling_ratio, pseudo_random, seed, seed2):
 def fractional_pool_ref(x, rows, cols, overlapping, mode="avg"):
     """x: numpy NHWC. Returns pooled output in x.dtype following TF's loop order."""
     import numpy as np
+
     N, H, W, C = x.shape
     oh, ow = len(rows) - 1, len(cols) - 1
     out = np.zeros((N, oh, ow, C), dtype=x.dtype)
     for b in range(N):
         for i in range(oh):
-            r0 = rows[i]; r1 = min(rows[i + 1] if overlapping else rows[i + 1] - 1, H - 1)
+            r0 = rows[i]
+            r1 = min(rows[i + 1] if overlapping else rows[i + 1] - 1, H - 1)
             for j in range(ow):
-                c0 = cols[j]; c1 = min(cols[j + 1] if overlapping else cols[j + 1] - 1, W - 1)
+                c0 = cols[j]
+                c1 = min(cols[j + 1] if overlapping else cols[j + 1] - 1, W - 1)
                 if mode == "avg":
-                    acc = np.zeros(C, dtype=x.dtype); cnt = 0
+                    acc = np.zeros(C, dtype=x.dtype)
+                    cnt = 0
                     for h in range(r0, r1 + 1):
                         for w in range(c0, c1 + 1):
-                            acc = (acc + x[b, h, w]).astype(x.dtype); cnt += 1
-                    out[b, i, j] = (acc / x.dtype.type(cnt)).astype(x.dtype) if x.dtype.kind == 'f' else (np.sign(acc) * (np.abs(acc) // cnt)).astype(x.dtype)  # C++ int division truncates toward 0
+                            acc = (acc + x[b, h, w]).astype(x.dtype)
+                            cnt += 1
+                    out[b, i, j] = (
+                        (acc / x.dtype.type(cnt)).astype(x.dtype)
+                        if x.dtype.kind == "f"
+                        else (np.sign(acc) * (np.abs(acc) // cnt)).astype(x.dtype)
+                    )  # C++ int division truncates toward 0
                 else:
-                    out[b, i, j] = x[b, r0:r1 + 1, c0:c1 + 1].reshape(-1, C).max(axis=0)
+                    out[b, i, j] = x[b, r0 : r1 + 1, c0 : c1 + 1].reshape(-1, C).max(axis=0)
     return out
 
 
 def fractional_avg_pool_grad_ref(orig_shape, dy, rows, cols, overlapping):
     """Mirror of FractionalAvgPoolGrad CPU loop: double accumulator, order b,r,c,in_r,in_c,d; then cast."""
     import numpy as np
+
     N, H, W, C = orig_shape
     acc = np.zeros((N, H, W, C), dtype=np.float64)
     ob, orows, ocols, od = dy.shape
     for b in range(ob):
         for r in range(orows):
-            r0 = rows[r]; r1 = min(rows[r + 1] if overlapping else rows[r + 1] - 1, H - 1)
+            r0 = rows[r]
+            r1 = min(rows[r + 1] if overlapping else rows[r + 1] - 1, H - 1)
             for c in range(ocols):
-                c0 = cols[c]; c1 = min(cols[c + 1] if overlapping else cols[c + 1] - 1, W - 1)
+                c0 = cols[c]
+                c1 = min(cols[c + 1] if overlapping else cols[c + 1] - 1, W - 1)
                 n = (r1 - r0 + 1) * (c1 - c0 + 1)
                 for h in range(r0, r1 + 1):
                     for w in range(c0, c1 + 1):
                         acc[b, h, w, :] += dy[b, r, c, :].astype(np.float64) / n
-    if dy.dtype.kind == 'f':
+    if dy.dtype.kind == "f":
         return acc.astype(dy.dtype)
-    return np.trunc(acc).astype(dy.dtype)   # static_cast<int>(double) truncates toward zero
+    return np.trunc(acc).astype(dy.dtype)  # static_cast<int>(double) truncates toward zero
 
 
 def fractional_max_pool_grad_ref(x, y, dy, rows, cols, overlapping):
     """Mirror of FractionalMaxPoolGrad: first max in scan order (h outer, w inner) wins (strict '<')."""
     import numpy as np
+
     N, H, W, C = x.shape
     oh, ow = len(rows) - 1, len(cols) - 1
     dx = np.zeros_like(x)
     for b in range(N):
         for i in range(oh):
-            r0 = rows[i]; r1 = min(rows[i + 1] if overlapping else rows[i + 1] - 1, H - 1)
+            r0 = rows[i]
+            r1 = min(rows[i + 1] if overlapping else rows[i + 1] - 1, H - 1)
             for j in range(ow):
-                c0 = cols[j]; c1 = min(cols[j + 1] if overlapping else cols[j + 1] - 1, W - 1)
+                c0 = cols[j]
+                c1 = min(cols[j + 1] if overlapping else cols[j + 1] - 1, W - 1)
                 for d in range(C):
-                    best = None; arg = None
+                    best = None
+                    arg = None
                     for h in range(r0, r1 + 1):
                         for w in range(c0, c1 + 1):
                             v = x[b, h, w, d]

@@ -1,4 +1,5 @@
 """Float64 reference of TF's FusedBatchNormV3/GradV3 formulas (docs/ops/fused_batch_norm.md)."""
+
 import torch
 
 
@@ -30,8 +31,9 @@ def fused_batch_norm_v3(x, scale, offset, mean, variance, epsilon, factor, data_
     else:
         m, vb = mean.double(), variance.double()
         bm, bv, rs1, rs2 = m, vb, m, vb
-    y = (xd - bcast(m, x, cdim)) / torch.sqrt(bcast(vb, x, cdim) + epsilon) * bcast(scale, x, cdim) \
-        + bcast(offset, x, cdim)
+    y = (xd - bcast(m, x, cdim)) / torch.sqrt(bcast(vb, x, cdim) + epsilon) * bcast(
+        scale, x, cdim
+    ) + bcast(offset, x, cdim)
     return y, bm, bv, rs1, rs2
 
 
@@ -45,8 +47,15 @@ def fused_batch_norm_grad_v3(dy, x, scale, rs1, rs2, epsilon, data_format, train
     doffset = g.sum(red)
     dscale = (g * xc * inv).sum(red)
     if training:
-        dx = bcast(scale, x, cdim) * inv * (g - g.sum(red, keepdim=True) / n
-                                             - xc * inv * inv * (g * xc).sum(red, keepdim=True) / n)
+        dx = (
+            bcast(scale, x, cdim)
+            * inv
+            * (
+                g
+                - g.sum(red, keepdim=True) / n
+                - xc * inv * inv * (g * xc).sum(red, keepdim=True) / n
+            )
+        )
     else:
         dx = g * inv * bcast(scale, x, cdim)
     return dx, dscale, doffset

@@ -1,5 +1,6 @@
 """Helpers shared by the test modules (imported as `from helpers import ...`; pytest puts this
 directory on sys.path). Fixtures live in conftest.py."""
+
 import os
 import subprocess
 import sys

@@ -1,6 +1,7 @@
 """Deployment with AOTInductor, per family: torch.export -> aoti_compile_and_package -> load the
 package in a fresh process (which imports torch_tfgrads to register the ops) -> the same numbers
 as eager. Inference only (AOTInductor runs forward graphs)."""
+
 import subprocess
 import sys
 import textwrap
@@ -31,17 +32,20 @@ class DepthwiseNet(torch.nn.Module):
     def forward(self, x):
         y = self.valid(self.same(x))
         explicit = T.depthwise_conv2d_native(
-            x, self.same.depthwise_kernel, [1, 1, 1, 1], "EXPLICIT", [0, 0, 1, 2, 0, 1, 0, 0])
+            x, self.same.depthwise_kernel, [1, 1, 1, 1], "EXPLICIT", [0, 0, 1, 2, 0, 1, 0, 0]
+        )
         return y, explicit
 
 
 class FractionalPoolNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.avg = T.nn.FractionalAvgPool2d(1.5, pseudo_random=True, deterministic=True, seed=3,
-                                            seed2=4)
-        self.max = T.nn.FractionalMaxPool2d((1.4, 1.7), overlapping=True, deterministic=True,
-                                            seed=5, seed2=6)
+        self.avg = T.nn.FractionalAvgPool2d(
+            1.5, pseudo_random=True, deterministic=True, seed=3, seed2=4
+        )
+        self.max = T.nn.FractionalMaxPool2d(
+            (1.4, 1.7), overlapping=True, deterministic=True, seed=5, seed2=6
+        )
 
     def forward(self, x):
         return self.avg(x), self.max(x)
@@ -51,8 +55,7 @@ class RnnNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.lstm = T.nn.CudnnLSTM(1, 5, input_size=6, time_major=False)
-        self.gru = T.nn.CudnnGRU(1, 4, direction="bidirectional", input_size=5,
-                                 time_major=False)
+        self.gru = T.nn.CudnnGRU(1, 4, direction="bidirectional", input_size=5, time_major=False)
 
     def forward(self, x):
         y, _ = self.lstm(x)
@@ -81,8 +84,9 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("family", ["fused_batch_norm", "depthwise_conv2d", "fractional_pool",
-                                    "cudnn_rnn"])
+@pytest.mark.parametrize(
+    "family", ["fused_batch_norm", "depthwise_conv2d", "fractional_pool", "cudnn_rnn"]
+)
 def test_aoti_package_runs_in_a_fresh_process(family, tmp_path):
     model, inputs = _case(family)
     with torch.no_grad():
@@ -91,8 +95,18 @@ def test_aoti_package_runs_in_a_fresh_process(family, tmp_path):
     ep = torch.export.export(model, inputs)
     package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "m.pt2"))
     torch.save(inputs, tmp_path / "inputs.pt")
-    subprocess.run([sys.executable, "-c", _CHILD, package, str(tmp_path / "inputs.pt"),
-                    str(tmp_path / "out.pt")], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            package,
+            str(tmp_path / "inputs.pt"),
+            str(tmp_path / "out.pt"),
+        ],
+        check=True,
+        timeout=300,
+    )
     got = torch.load(tmp_path / "out.pt")
     expected = expected if isinstance(expected, tuple) else (expected,)
     got = got if isinstance(got, (tuple, list)) else (got,)

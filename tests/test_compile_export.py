@@ -1,4 +1,5 @@
 """torch.compile(fullgraph=True, dynamic=True) and torch.export of models using our ops."""
+
 import pytest
 import torch
 
@@ -111,7 +112,7 @@ def test_compile_fractional_pool_double_backward():
 
     def f(x):
         y = T.fractional_avg_pool(x, [1, 1.5, 1.5, 1], False, True, True, 1, 2)[0]
-        (gx,) = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+        (gx,) = torch.autograd.grad((y**3).sum(), x, create_graph=True)
         return gx
 
     x = torch.randn(2, 9, 9, 3, dtype=torch.float64, requires_grad=True)
@@ -139,8 +140,9 @@ class MobileNetBlock(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.dw1 = T.nn.DepthwiseConv2d(4, 3, strides=2, padding="same")
-        self.dw2 = T.nn.DepthwiseConv2d(4, 3, padding="same", depth_multiplier=2,
-                                        dilation_rate=2, data_format="channels_first")
+        self.dw2 = T.nn.DepthwiseConv2d(
+            4, 3, padding="same", depth_multiplier=2, dilation_rate=2, data_format="channels_first"
+        )
 
     def forward(self, x):
         h = torch.relu(self.dw1(x))
@@ -166,7 +168,7 @@ def test_compile_depthwise_double_backward():
 
     def f(x, w):
         y = T.depthwise_conv2d_native(x, w, st, "SAME", dilations=dil)
-        gx, gw = torch.autograd.grad((y ** 3).sum(), (x, w), create_graph=True)
+        gx, gw = torch.autograd.grad((y**3).sum(), (x, w), create_graph=True)
         return gx, gw
 
     x = torch.randn(2, 7, 8, 3, dtype=torch.float64, requires_grad=True)
@@ -194,12 +196,12 @@ def test_compile_depthwise_bad_stride_is_a_clean_error():
     torch._dynamo.reset()
 
     def f(w, dy):
-        return T.depthwise_conv2d_native_backprop_input([1, 4, 4, 3], w, dy, [1, 0, 0, 1],
-                                                        "VALID")
+        return T.depthwise_conv2d_native_backprop_input([1, 4, 4, 3], w, dy, [1, 0, 0, 1], "VALID")
 
     with pytest.raises(Exception, match="Stride must be > 0, but got 0"):
-        torch.compile(f, fullgraph=True, dynamic=True)(torch.ones(2, 2, 3, 2),
-                                                        torch.ones(1, 3, 3, 6))
+        torch.compile(f, fullgraph=True, dynamic=True)(
+            torch.ones(2, 2, 3, 2), torch.ones(1, 3, 3, 6)
+        )
 
 
 class Tagger(torch.nn.Module):
@@ -207,8 +209,7 @@ class Tagger(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.rnn = T.nn.CudnnLSTM(2, 6, direction="bidirectional", input_size=4,
-                              time_major=False)
+        self.rnn = T.nn.CudnnLSTM(2, 6, direction="bidirectional", input_size=4, time_major=False)
         self.head = torch.nn.Linear(12, 3)
 
     def forward(self, x, lengths):
@@ -246,8 +247,9 @@ def test_compile_cudnn_rnn_double_backward():
         return gx, gp
 
     x = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
-    p = torch.randn(T.cudnn_rnn_params_size(1, 4, 3, "gru"), dtype=torch.float64,
-                    requires_grad=True)
+    p = torch.randn(
+        T.cudnn_rnn_params_size(1, 4, 3, "gru"), dtype=torch.float64, requires_grad=True
+    )
     h = torch.randn(1, 2, 4, dtype=torch.float64, requires_grad=True)
     with torch._functorch.config.patch(donated_buffer=False):
         compiled = torch.compile(f, fullgraph=False, dynamic=True)(x, p, h)
@@ -259,8 +261,9 @@ def test_export_cudnn_lstm():
     model = Tagger().eval()
     x, lengths = torch.randn(3, 5, 4), torch.tensor([5, 2, 4], dtype=torch.int32)
     batch = torch.export.Dim("batch", min=1, max=64)
-    ep = torch.export.export(model, (x, lengths),
-                             dynamic_shapes={"x": {0: batch}, "lengths": {0: batch}})
+    ep = torch.export.export(
+        model, (x, lengths), dynamic_shapes={"x": {0: batch}, "lengths": {0: batch}}
+    )
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.tfgrads.cudnn_rnn_v3.default) == 1
     x2, l2 = torch.randn(6, 5, 4), torch.tensor([1, 5, 3, 2, 5, 4], dtype=torch.int32)

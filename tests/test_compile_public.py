@@ -1,6 +1,7 @@
 """Every public function of torch_tfgrads compiles with torch.compile(fullgraph=True,
 dynamic=True) and gives eager's results, including the pure-Python helpers (e.g.
 cudnn_rnn_params_size on a symbolic input size)."""
+
 import pytest
 import torch
 
@@ -12,10 +13,14 @@ def _bn():
     s, o = torch.rand(6) + 0.5, torch.randn(6)
     y = T.fused_batch_norm_v3(x, s, o)
     return {
-        "fused_batch_norm_v3": (lambda x, s, o: T.fused_batch_norm_v3(x, s, o, epsilon=1e-3),
-                                (x, s, o)),
-        "fused_batch_norm_grad_v3": (lambda dy, x, s, r1, r2: T.fused_batch_norm_grad_v3(
-            dy, x, s, r1, r2), (torch.randn_like(x), x, s, y[3], y[4])),
+        "fused_batch_norm_v3": (
+            lambda x, s, o: T.fused_batch_norm_v3(x, s, o, epsilon=1e-3),
+            (x, s, o),
+        ),
+        "fused_batch_norm_grad_v3": (
+            lambda dy, x, s, r1, r2: T.fused_batch_norm_grad_v3(dy, x, s, r1, r2),
+            (torch.randn_like(x), x, s, y[3], y[4]),
+        ),
     }
 
 
@@ -24,16 +29,26 @@ def _fp():
     out, rows, cols = T.fractional_max_pool(x, [1, 1.5, 1.5, 1], True, False, True, 1, 2)
     dy = torch.randn(out.shape)
     return {
-        "fractional_avg_pool": (lambda x: T.fractional_avg_pool(
-            x, [1.0, 1.5, 1.5, 1.0], True, False, True, 1, 2), (x,)),
-        "fractional_max_pool": (lambda x: T.fractional_max_pool(
-            x, [1.0, 1.5, 1.5, 1.0], True, False, True, 1, 2), (x,)),
-        "fractional_avg_pool_grad": (lambda dy, r, c: T.fractional_avg_pool_grad(
-            [2, 9, 10, 3], dy, r, c), (dy, rows, cols)),
-        "fractional_max_pool_grad": (lambda x, y, dy, r, c: T.fractional_max_pool_grad(
-            x, y, dy, r, c), (x, out, dy, rows, cols)),
-        "fractional_pooling_sequence": (lambda: T.fractional_pooling_sequence(17, 9, True, 5, 6),
-                                        ()),
+        "fractional_avg_pool": (
+            lambda x: T.fractional_avg_pool(x, [1.0, 1.5, 1.5, 1.0], True, False, True, 1, 2),
+            (x,),
+        ),
+        "fractional_max_pool": (
+            lambda x: T.fractional_max_pool(x, [1.0, 1.5, 1.5, 1.0], True, False, True, 1, 2),
+            (x,),
+        ),
+        "fractional_avg_pool_grad": (
+            lambda dy, r, c: T.fractional_avg_pool_grad([2, 9, 10, 3], dy, r, c),
+            (dy, rows, cols),
+        ),
+        "fractional_max_pool_grad": (
+            lambda x, y, dy, r, c: T.fractional_max_pool_grad(x, y, dy, r, c),
+            (x, out, dy, rows, cols),
+        ),
+        "fractional_pooling_sequence": (
+            lambda: T.fractional_pooling_sequence(17, 9, True, 5, 6),
+            (),
+        ),
     }
 
 
@@ -42,14 +57,18 @@ def _dw():
     dy = T.depthwise_conv2d_native(x, f, [1, 1, 1, 1], "SAME")
     st = [1, 1, 1, 1]
     return {
-        "depthwise_conv2d_native": (lambda x, f: T.depthwise_conv2d_native(x, f, st, "SAME"),
-                                    (x, f)),
+        "depthwise_conv2d_native": (
+            lambda x, f: T.depthwise_conv2d_native(x, f, st, "SAME"),
+            (x, f),
+        ),
         "depthwise_conv2d_native_backprop_input": (
             lambda x, f, dy: T.depthwise_conv2d_native_backprop_input(x.shape, f, dy, st, "SAME"),
-            (x, f, dy)),
+            (x, f, dy),
+        ),
         "depthwise_conv2d_native_backprop_filter": (
-            lambda x, f, dy: T.depthwise_conv2d_native_backprop_filter(x, f.shape, dy, st,
-                                                                       "SAME"), (x, f, dy)),
+            lambda x, f, dy: T.depthwise_conv2d_native_backprop_filter(x, f.shape, dy, st, "SAME"),
+            (x, f, dy),
+        ),
     }
 
 
@@ -61,15 +80,25 @@ def _rnn():
     w, b = T.cudnn_rnn_params_to_canonical_v2(1, 3, 4, p, 8, 8)
     dys = [torch.randn_like(t) for t in out[:3]]
     return {
-        "cudnn_rnn_params_size": (lambda x: x.new_zeros(T.cudnn_rnn_params_size(
-            2, 3, x.shape[-1], "gru", direction="bidirectional")), (x,)),
+        "cudnn_rnn_params_size": (
+            lambda x: x.new_zeros(
+                T.cudnn_rnn_params_size(2, 3, x.shape[-1], "gru", direction="bidirectional")
+            ),
+            (x,),
+        ),
         "cudnn_rnn_v3": (lambda x, h, p: T.cudnn_rnn_v3(x, h, h, p)[:3], (x, h, p)),
-        "cudnn_rnn_backprop_v3": (lambda x, h, p, *g: T.cudnn_rnn_backprop_v3(
-            x, h, h, p, None, *out[:3], *g, *out[3:]), (x, h, p, *dys)),
-        "cudnn_rnn_canonical_to_params_v2": (lambda *t: T.cudnn_rnn_canonical_to_params_v2(
-            1, 3, 4, list(t[:8]), list(t[8:])), (*w, *b)),
-        "cudnn_rnn_params_to_canonical_v2": (lambda p: T.cudnn_rnn_params_to_canonical_v2(
-            1, 3, 4, p, 8, 8), (p,)),
+        "cudnn_rnn_backprop_v3": (
+            lambda x, h, p, *g: T.cudnn_rnn_backprop_v3(x, h, h, p, None, *out[:3], *g, *out[3:]),
+            (x, h, p, *dys),
+        ),
+        "cudnn_rnn_canonical_to_params_v2": (
+            lambda *t: T.cudnn_rnn_canonical_to_params_v2(1, 3, 4, list(t[:8]), list(t[8:])),
+            (*w, *b),
+        ),
+        "cudnn_rnn_params_to_canonical_v2": (
+            lambda p: T.cudnn_rnn_params_to_canonical_v2(1, 3, 4, p, 8, 8),
+            (p,),
+        ),
     }
 
 

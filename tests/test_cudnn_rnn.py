@@ -2,14 +2,14 @@
 CPU kernel), gradcheck, opcheck, dtypes, layouts, dropout, skip_input, params conversion and
 the modules. Keras parity is in test_cudnn_rnn_tf.py, bad inputs in test_cudnn_rnn_errors.py.
 """
+
 import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
 
 import torch_tfgrads as T
-from torch_tfgrads.parity.cudnn_rnn_torch import GATES, oracle
-
 from helpers import CUDA_DEVICES, DEVICES, rel_err
+from torch_tfgrads.parity.cudnn_rnn_torch import GATES, oracle
 
 
 class Case:
@@ -24,27 +24,42 @@ class Case:
         return "bidirectional" if self.D == 2 else "unidirectional"
 
     def __repr__(self):
-        return (f"{self.mode}-L{self.L}D{self.D}P{self.P}-"
-                f"{'tm' if self.time_major else 'bm'}-{'var' if min(self.lengths) < self.T else 'full'}")
+        return (
+            f"{self.mode}-L{self.L}D{self.D}P{self.P}-"
+            f"{'tm' if self.time_major else 'bm'}-{'var' if min(self.lengths) < self.T else 'full'}"
+        )
 
     def tensors(self, dtype=torch.float64, device="cpu", seed=0):
         g = torch.Generator().manual_seed(seed)
         LD = self.L * self.D
-        n = T.cudnn_rnn_params_size(self.L, self.U, self.I, self.mode, direction=self.direction,
-                                    num_proj=self.P)
+        n = T.cudnn_rnn_params_size(
+            self.L, self.U, self.I, self.mode, direction=self.direction, num_proj=self.P
+        )
         x = torch.randn(self.T, self.B, self.I, generator=g, dtype=torch.float64)
         h = torch.randn(LD, self.B, self.Hh, generator=g, dtype=torch.float64) * 0.5
         c = torch.randn(LD, self.B, self.U, generator=g, dtype=torch.float64) * 0.5
         p = torch.randn(n, generator=g, dtype=torch.float64) * 0.4
-        if not self.time_major:  # the batch-major states are read as [L*D, B, H] (a reshape, as TF does)
+        if (
+            not self.time_major
+        ):  # the batch-major states are read as [L*D, B, H] (a reshape, as TF does)
             x = x.transpose(0, 1).contiguous()
             h, c = h.reshape(self.B, LD, self.Hh), c.reshape(self.B, LD, self.U)
         lens = torch.tensor(self.lengths, dtype=torch.int32)
         return [t.to(dtype=dtype, device=device) for t in (x, h, c, p)] + [lens]
 
     def run(self, x, h, c, p, lens, **kw):
-        return T.cudnn_rnn_v3(x, h, c, p, lens, self.mode, direction=self.direction,
-                              num_proj=self.P, time_major=self.time_major, **kw)
+        return T.cudnn_rnn_v3(
+            x,
+            h,
+            c,
+            p,
+            lens,
+            self.mode,
+            direction=self.direction,
+            num_proj=self.P,
+            time_major=self.time_major,
+            **kw,
+        )
 
 
 CASES = [
@@ -66,8 +81,17 @@ CASES = [
     # GEMMs past one 64x64 tile with ragged edges (T*B = 99 rows, G*U = 288, I = 70): the
     # blocked GEMM, its panel copies and transposes, and the concurrent directions.
     Case("lstm", 1, 2, T_=9, B=11, I=70, U=72),
-    Case("lstm", 2, 2, time_major=False, T_=9, B=11, I=70, U=72,
-         lengths=[9, 3, 8, 1, 9, 5, 7, 9, 2, 6, 4]),
+    Case(
+        "lstm",
+        2,
+        2,
+        time_major=False,
+        T_=9,
+        B=11,
+        I=70,
+        U=72,
+        lengths=[9, 3, 8, 1, 9, 5, 7, 9, 2, 6, 4],
+    ),
 ]
 
 
@@ -90,25 +114,31 @@ def _grads_oracle(case, x, h, c, p, lens, dy, dh, dc):
     params = list(m.parameters())  # registration order = the opaque layout per pseudo-layer
     inputs = [x, h] + params + ([c] if case.mode == "lstm" else [])
     grads = torch.autograd.grad(loss, inputs)
-    dp = torch.cat([g.reshape(-1) for g in grads[2:2 + len(params)]])
-    return (out, oh, oc), (grads[0], grads[1], dp) + tuple(grads[2 + len(params):])
+    dp = torch.cat([g.reshape(-1) for g in grads[2 : 2 + len(params)]])
+    return (out, oh, oc), (grads[0], grads[1], dp) + tuple(grads[2 + len(params) :])
 
 
 def _cotangents(case, out_shape, h, c, dtype, device, seed=1):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda shape: torch.randn(shape, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)  # noqa: E731
+    mk = lambda shape: torch.randn(shape, generator=g, dtype=torch.float64).to(
+        dtype=dtype, device=device
+    )  # noqa: E731
     return mk(out_shape), mk(h.shape), mk(c.shape)
 
 
 def _out_shape(case):
-    return ((case.T, case.B, case.D * case.Hh) if case.time_major
-            else (case.B, case.T, case.D * case.Hh))
+    return (
+        (case.T, case.B, case.D * case.Hh)
+        if case.time_major
+        else (case.B, case.T, case.D * case.Hh)
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=repr)
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)],
-                         ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"]
+)
 def test_matches_torch_nn(case, dtype, tol, device):
     x, h, c, p, lens = case.tensors(dtype, device)
     dy, dh, dc = _cotangents(case, _out_shape(case), h, c, dtype, device)
@@ -123,10 +153,15 @@ def test_matches_torch_nn(case, dtype, tol, device):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", [Case("lstm", 1, 1, T_=5, B=19, I=9, U=64,
-                                       lengths=[5, 1, 3, 5, 2] * 3 + [4, 5, 1, 2]),
-                                  Case("gru", 1, 1, T_=5, B=16, I=9, U=32),
-                                  Case("rnn_tanh", 1, 1, T_=4, B=17, I=9, U=16)], ids=repr)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("lstm", 1, 1, T_=5, B=19, I=9, U=64, lengths=[5, 1, 3, 5, 2] * 3 + [4, 5, 1, 2]),
+        Case("gru", 1, 1, T_=5, B=16, I=9, U=32),
+        Case("rnn_tanh", 1, 1, T_=4, B=17, I=9, U=16),
+    ],
+    ids=repr,
+)
 def test_fused_steps_split_rows_or_blocks(case, threads):
     # float32's fused steps split batch rows over the threads when each gets >= 8 rows (19
     # rows: 10 + 9), else each step's unit blocks; one thread does all. Same numbers each way.
@@ -156,11 +191,16 @@ def test_padded_outputs_are_zero_and_states_taken_at_each_length():
         # Running sequence b alone, truncated to its length, gives the same valid outputs and
         # final states (both directions start and end inside the sequence).
         one = Case("lstm", 2, 2, T_=n, B=1, lengths=[n])
-        o1, h1, c1, _, _ = one.run(x[:n, b:b + 1], h[:, b:b + 1], c[:, b:b + 1], p,
-                                   torch.tensor([n], dtype=torch.int32))
-        torch.testing.assert_close(out[:n, b:b + 1], o1, rtol=0, atol=1e-14)
-        torch.testing.assert_close(oh[:, b:b + 1], h1, rtol=0, atol=1e-14)
-        torch.testing.assert_close(oc[:, b:b + 1], c1, rtol=0, atol=1e-14)
+        o1, h1, c1, _, _ = one.run(
+            x[:n, b : b + 1],
+            h[:, b : b + 1],
+            c[:, b : b + 1],
+            p,
+            torch.tensor([n], dtype=torch.int32),
+        )
+        torch.testing.assert_close(out[:n, b : b + 1], o1, rtol=0, atol=1e-14)
+        torch.testing.assert_close(oh[:, b : b + 1], h1, rtol=0, atol=1e-14)
+        torch.testing.assert_close(oc[:, b : b + 1], c1, rtol=0, atol=1e-14)
 
 
 def test_batch_major_states_are_a_reshape_not_a_transpose():
@@ -185,8 +225,7 @@ GRAD_CASES = [
 
 @pytest.mark.parametrize("case", GRAD_CASES, ids=repr)
 def test_gradcheck(case):
-    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t
-                        for t in case.tensors())
+    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t for t in case.tensors())
     n_out = 3 if case.mode == "lstm" else 2
     assert gradcheck(lambda *a: case.run(*a, lens)[:n_out], (x, h, c, p))
 
@@ -203,13 +242,13 @@ GRADGRAD_CASES = [
 @pytest.mark.parametrize("case", GRADGRAD_CASES, ids=repr)
 def test_gradgradcheck(case):
     # Second order goes through cudnn_rnn_backprop_v3's own backward.
-    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t
-                        for t in case.tensors())
+    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t for t in case.tensors())
     if case.mode == "lstm":
         assert gradgradcheck(lambda *a: case.run(*a, lens)[:3], (x, h, c, p), fast_mode=True)
     else:
-        assert gradgradcheck(lambda x, h, p: case.run(x, h, c, p, lens)[:2], (x, h, p),
-                             fast_mode=True)
+        assert gradgradcheck(
+            lambda x, h, p: case.run(x, h, c, p, lens)[:2], (x, h, p), fast_mode=True
+        )
 
 
 def test_gradgradcheck_with_dropout_and_skip_input():
@@ -217,16 +256,19 @@ def test_gradgradcheck_with_dropout_and_skip_input():
     x, h, c, p, lens = case.tensors()
     p = torch.randn(T.cudnn_rnn_params_size(3, 3, 3, "gru", "skip_input"), dtype=torch.float64)
     x, h, p = (t.requires_grad_() for t in (x, h, p))
-    assert gradgradcheck(lambda x, h, p: T.cudnn_rnn_v3(
-        x, h, c, p, lens, "gru", "skip_input", dropout=0.5, seed=2, seed2=5)[:2], (x, h, p))
+    assert gradgradcheck(
+        lambda x, h, p: T.cudnn_rnn_v3(
+            x, h, c, p, lens, "gru", "skip_input", dropout=0.5, seed=2, seed2=5
+        )[:2],
+        (x, h, p),
+    )
 
 
 def test_gradcheck_with_dropout_fixed_seed():
     # A nonzero seed fixes the mask, so the function is deterministic and gradcheck applies;
     # the backward reads the mask back from reserve_space.
     case = Case("lstm", 3, 2, T_=3, B=2, I=3, U=3)
-    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t
-                        for t in case.tensors())
+    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t for t in case.tensors())
     assert gradcheck(lambda *a: case.run(*a, lens, dropout=0.4, seed=3, seed2=9)[:3], (x, h, c, p))
 
 
@@ -239,12 +281,12 @@ def test_dropout_between_layers_only_and_deterministic():
     plain = case.run(x, h, c, p, lens)[0]
     assert torch.equal(a, b) and not torch.equal(a, other) and not torch.equal(a, plain)
     # Not in inference, and never with one layer (dropout only feeds the next layer).
-    assert torch.equal(case.run(x, h, c, p, lens, dropout=0.5, seed=1, is_training=False)[0],
-                       plain)
+    assert torch.equal(case.run(x, h, c, p, lens, dropout=0.5, seed=1, is_training=False)[0], plain)
     one = Case("gru", 1, 1)
     x1, h1, c1, p1, l1 = one.tensors()
-    assert torch.equal(one.run(x1, h1, c1, p1, l1, dropout=0.5, seed=1)[0],
-                       one.run(x1, h1, c1, p1, l1)[0])
+    assert torch.equal(
+        one.run(x1, h1, c1, p1, l1, dropout=0.5, seed=1)[0], one.run(x1, h1, c1, p1, l1)[0]
+    )
     # Seeds (0, 0) draw from torch's generator: reproducible under torch.manual_seed.
     torch.manual_seed(7)
     s1 = case.run(x, h, c, p, lens, dropout=0.5)[0]
@@ -258,25 +300,31 @@ def test_skip_input_adds_the_input_to_every_gate(mode):
     case = Case(mode, 2, 2, I=7, U=7, lengths=[6, 2, 5, 3])
     x, h, c, p_lin, lens = case.tensors()
     G = GATES[mode]
-    lin_w, lin_b = T.cudnn_rnn_params_to_canonical_v2(2, 7, 7, p_lin, 8 * G, 8 * G, mode,
-                                                      "linear_input", case.direction)
+    lin_w, lin_b = T.cudnn_rnn_params_to_canonical_v2(
+        2, 7, 7, p_lin, 8 * G, 8 * G, mode, "linear_input", case.direction
+    )
     eye = torch.eye(7, dtype=torch.float64)
     skip_w, ident_w = [], []
     per = 2 * G
     for pl in range(4):
-        mats = lin_w[pl * per:(pl + 1) * per]
+        mats = lin_w[pl * per : (pl + 1) * per]
         if pl < 2:  # layer 0: drop the input matrices (skip) / replace them by I (linear)
             skip_w += mats[G:]
             ident_w += [eye] * G + mats[G:]
         else:
             skip_w += mats
             ident_w += mats
-    p_skip = T.cudnn_rnn_canonical_to_params_v2(2, 7, 7, skip_w, lin_b, mode, "skip_input",
-                                                case.direction)
-    assert p_skip.numel() == T.cudnn_rnn_params_size(2, 7, 7, mode, "skip_input",
-                                                     case.direction) == p_lin.numel() - 2 * G * 49
-    p_ident = T.cudnn_rnn_canonical_to_params_v2(2, 7, 7, ident_w, lin_b, mode,
-                                                 direction=case.direction)
+    p_skip = T.cudnn_rnn_canonical_to_params_v2(
+        2, 7, 7, skip_w, lin_b, mode, "skip_input", case.direction
+    )
+    assert (
+        p_skip.numel()
+        == T.cudnn_rnn_params_size(2, 7, 7, mode, "skip_input", case.direction)
+        == p_lin.numel() - 2 * G * 49
+    )
+    p_ident = T.cudnn_rnn_canonical_to_params_v2(
+        2, 7, 7, ident_w, lin_b, mode, direction=case.direction
+    )
     for input_mode in ("skip_input", "auto_select"):
         xs, hs, cs = (t.detach().requires_grad_() for t in (x, h, c))
         got = T.cudnn_rnn_v3(xs, hs, cs, p_skip, lens, mode, input_mode, case.direction)
@@ -284,22 +332,25 @@ def test_skip_input_adds_the_input_to_every_gate(mode):
         want = T.cudnn_rnn_v3(xl, hl, cl, p_ident, lens, mode, "linear_input", case.direction)
         torch.testing.assert_close(got[0], want[0], rtol=1e-13, atol=1e-13)
         torch.testing.assert_close(got[1], want[1], rtol=1e-13, atol=1e-13)
-        gx_s, = torch.autograd.grad(got[0].square().sum(), xs)
-        gx_l, = torch.autograd.grad(want[0].square().sum(), xl)
+        (gx_s,) = torch.autograd.grad(got[0].square().sum(), xs)
+        (gx_l,) = torch.autograd.grad(want[0].square().sum(), xl)
         torch.testing.assert_close(gx_s, gx_l, rtol=1e-12, atol=1e-12)
     # auto_select with input_size != num_units is linear_input.
     lin = Case(mode, 1, 1, I=5, U=7)
     x5, h5, c5, p5, l5 = lin.tensors()
-    assert torch.equal(T.cudnn_rnn_v3(x5, h5, c5, p5, l5, mode, "auto_select")[0],
-                       T.cudnn_rnn_v3(x5, h5, c5, p5, l5, mode, "linear_input")[0])
+    assert torch.equal(
+        T.cudnn_rnn_v3(x5, h5, c5, p5, l5, mode, "auto_select")[0],
+        T.cudnn_rnn_v3(x5, h5, c5, p5, l5, mode, "linear_input")[0],
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_types_compute_in_float32(dtype):
     case = Case("lstm", 2, 2, lengths=[6, 3, 2, 6])
     x, h, c, p, lens = case.tensors(dtype)
-    (out, oh, oc), grads = _grads_ours(case, x, h, c, p, lens,
-                                       *_cotangents(case, _out_shape(case), h, c, dtype, "cpu"))
+    (out, oh, oc), grads = _grads_ours(
+        case, x, h, c, p, lens, *_cotangents(case, _out_shape(case), h, c, dtype, "cpu")
+    )
     x32, h32, c32, p32 = (t.float() for t in (x, h, c, p))
     dy, dh, dc = (t.float() for t in _cotangents(case, _out_shape(case), h, c, dtype, "cpu"))
     (o32, _, _), g32 = _grads_ours(case, x32, h32, c32, p32, lens, dy, dh, dc)
@@ -316,7 +367,7 @@ def test_noncontiguous_inputs():
     x, h, c, p, lens = case.tensors()
     ref = case.run(x, h, c, p, lens)
     xs = x.transpose(0, 1).contiguous().transpose(0, 1)  # same values, time-major memory
-    ps = torch.stack([p, p], 1)[:, 0]                     # strided params
+    ps = torch.stack([p, p], 1)[:, 0]  # strided params
     hs = h.transpose(0, 2).contiguous().transpose(0, 2)
     got = case.run(xs, hs, c, ps, lens)
     for a, b in zip(got[:3], ref[:3]):
@@ -325,8 +376,7 @@ def test_noncontiguous_inputs():
 
 def test_empty_batch():
     case = Case("lstm", 2, 2, B=0, lengths=[])
-    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t
-                        for t in case.tensors())
+    x, h, c, p, lens = (t.requires_grad_() if t.is_floating_point() else t for t in case.tensors())
     out, oh, oc, reserve, _ = case.run(x, h, c, p, lens)
     assert out.shape == (6, 0, 14) and oh.shape == (4, 0, 7) and reserve.numel() == 0
     gx, gp = torch.autograd.grad(out.sum() + oh.sum() + oc.sum(), (x, p))
@@ -359,17 +409,41 @@ def test_backprop_op_with_reserve_space_directly():
     out, oh, oc, reserve, host = case.run(x, h, c, p, lens)
     dy, dh, dc = _cotangents(case, out.shape, h, c, torch.float64, "cpu")
     dx, dhx, dcx, dp = T.cudnn_rnn_backprop_v3(
-        x, h, c, p, lens, out, oh, oc, dy, dh, dc, reserve, host, "lstm",
-        direction="bidirectional", num_proj=3, time_major=False)
+        x,
+        h,
+        c,
+        p,
+        lens,
+        out,
+        oh,
+        oc,
+        dy,
+        dh,
+        dc,
+        reserve,
+        host,
+        "lstm",
+        direction="bidirectional",
+        num_proj=3,
+        time_major=False,
+    )
     _, ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
     for a, b in zip((dx, dhx, dp, dcx), ref):
         assert rel_err(a, b) <= 1e-12
 
 
 # ---- params size and conversion ------------------------------------------------------------------
-@pytest.mark.parametrize("mode,L,bidir,P", [("lstm", 2, True, 0), ("lstm", 3, True, 3),
-                                            ("lstm", 2, False, 4), ("gru", 2, True, 0),
-                                            ("rnn_tanh", 2, True, 0), ("rnn_relu", 1, False, 0)])
+@pytest.mark.parametrize(
+    "mode,L,bidir,P",
+    [
+        ("lstm", 2, True, 0),
+        ("lstm", 3, True, 3),
+        ("lstm", 2, False, 4),
+        ("gru", 2, True, 0),
+        ("rnn_tanh", 2, True, 0),
+        ("rnn_relu", 1, False, 0),
+    ],
+)
 def test_params_size_is_torch_parameter_count(mode, L, bidir, P):
     I, U = 5, 7
     kw = dict(num_layers=L, bidirectional=bidir)
@@ -383,12 +457,17 @@ def test_params_size_is_torch_parameter_count(mode, L, bidir, P):
     n = T.cudnn_rnn_params_size(L, U, I, mode, direction=direction, num_proj=P)
     assert n == sum(q.numel() for q in m.parameters())
     # 0-d integer tensors are accepted, like TF's host scalars.
-    assert T.cudnn_rnn_params_size(torch.tensor(L), torch.tensor(U), torch.tensor(I), mode,
-                                   direction=direction, num_proj=P) == n
+    assert (
+        T.cudnn_rnn_params_size(
+            torch.tensor(L), torch.tensor(U), torch.tensor(I), mode, direction=direction, num_proj=P
+        )
+        == n
+    )
 
 
-@pytest.mark.parametrize("mode,L,D,P", [("lstm", 2, 2, 0), ("lstm", 2, 2, 3), ("gru", 3, 1, 0),
-                                        ("rnn_relu", 1, 2, 0)])
+@pytest.mark.parametrize(
+    "mode,L,D,P", [("lstm", 2, 2, 0), ("lstm", 2, 2, 3), ("gru", 3, 1, 0), ("rnn_relu", 1, 2, 0)]
+)
 def test_canonical_params_round_trip(mode, L, D, P):
     U, I = 6, 4
     direction = "bidirectional" if D == 2 else "unidirectional"
@@ -396,17 +475,17 @@ def test_canonical_params_round_trip(mode, L, D, P):
     n = T.cudnn_rnn_params_size(L, U, I, mode, direction=direction, num_proj=P)
     p = torch.randn(n)
     nw, nb = L * D * (2 * G + (1 if P else 0)), L * D * 2 * G
-    w, b = T.cudnn_rnn_params_to_canonical_v2(L, U, I, p, nw, nb, mode, direction=direction,
-                                              num_proj=P)
+    w, b = T.cudnn_rnn_params_to_canonical_v2(
+        L, U, I, p, nw, nb, mode, direction=direction, num_proj=P
+    )
     assert len(w) == nw and len(b) == nb
     per = 2 * G + (1 if P else 0)
     for pl in range(L * D):
         in_w = I if pl < D else D * Hh
-        shapes = [tuple(t.shape) for t in w[pl * per:(pl + 1) * per]]
+        shapes = [tuple(t.shape) for t in w[pl * per : (pl + 1) * per]]
         assert shapes == [(U, in_w)] * G + [(U, Hh)] * G + ([(P, U)] if P else [])
     assert all(t.shape == (U,) for t in b)
-    back = T.cudnn_rnn_canonical_to_params_v2(L, U, I, w, b, mode, direction=direction,
-                                              num_proj=P)
+    back = T.cudnn_rnn_canonical_to_params_v2(L, U, I, w, b, mode, direction=direction, num_proj=P)
     assert torch.equal(back, p)
     assert w[0].data_ptr() != p.data_ptr()  # copies, not views of params
 
@@ -420,30 +499,50 @@ def test_single_layer_buffer_is_keras_concat():
 
 
 def test_conversions_are_differentiable():
-    p = torch.randn(T.cudnn_rnn_params_size(2, 3, 2, "gru", direction="bidirectional"),
-                    dtype=torch.float64, requires_grad=True)
-    assert gradcheck(lambda q: T.cudnn_rnn_params_to_canonical_v2(
-        2, 3, 2, q, 24, 24, "gru", direction="bidirectional")[0][7], (p,))
-    w, b = T.cudnn_rnn_params_to_canonical_v2(2, 3, 2, p.detach(), 24, 24, "gru",
-                                              direction="bidirectional")
+    p = torch.randn(
+        T.cudnn_rnn_params_size(2, 3, 2, "gru", direction="bidirectional"),
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    assert gradcheck(
+        lambda q: T.cudnn_rnn_params_to_canonical_v2(
+            2, 3, 2, q, 24, 24, "gru", direction="bidirectional"
+        )[0][7],
+        (p,),
+    )
+    w, b = T.cudnn_rnn_params_to_canonical_v2(
+        2, 3, 2, p.detach(), 24, 24, "gru", direction="bidirectional"
+    )
     w = [t.requires_grad_() for t in w]
-    assert gradcheck(lambda *ws: T.cudnn_rnn_canonical_to_params_v2(
-        2, 3, 2, list(ws), b, "gru", direction="bidirectional"), tuple(w))
+    assert gradcheck(
+        lambda *ws: T.cudnn_rnn_canonical_to_params_v2(
+            2, 3, 2, list(ws), b, "gru", direction="bidirectional"
+        ),
+        tuple(w),
+    )
     # Second order: each conversion's backward is the other conversion, itself differentiable.
-    assert gradgradcheck(lambda q: T.cudnn_rnn_params_to_canonical_v2(
-        2, 3, 2, q, 24, 24, "gru", direction="bidirectional")[0][7], (p,))
-    assert gradgradcheck(lambda *ws: T.cudnn_rnn_canonical_to_params_v2(
-        2, 3, 2, list(ws), b, "gru", direction="bidirectional"), tuple(w))
+    assert gradgradcheck(
+        lambda q: T.cudnn_rnn_params_to_canonical_v2(
+            2, 3, 2, q, 24, 24, "gru", direction="bidirectional"
+        )[0][7],
+        (p,),
+    )
+    assert gradgradcheck(
+        lambda *ws: T.cudnn_rnn_canonical_to_params_v2(
+            2, 3, 2, list(ws), b, "gru", direction="bidirectional"
+        ),
+        tuple(w),
+    )
 
 
 # ---- opcheck -------------------------------------------------------------------------------------
 def _op_samples():
     small = dict(T_=3, B=2, I=3, U=3)  # opcheck traces the (Python, per-step) double backward
-    for case, kw in [(Case("lstm", 2, 2, P=2, lengths=[3, 1], **small), {}),
-                     (Case("gru", 2, 1, time_major=False, **small),
-                      dict(dropout=0.3, seed=1, seed2=2)),
-                     (Case("rnn_tanh", 1, 2, lengths=[1, 3], **small), dict(is_training=False))]:
-        yield case, kw
+    yield from [
+        (Case("lstm", 2, 2, P=2, lengths=[3, 1], **small), {}),
+        (Case("gru", 2, 1, time_major=False, **small), dict(dropout=0.3, seed=1, seed2=2)),
+        (Case("rnn_tanh", 1, 2, lengths=[1, 3], **small), dict(is_training=False)),
+    ]
 
 
 # Differentiating an inference forward is an error (TF's ValueError, tested above), so the
@@ -459,27 +558,47 @@ def opcheck_samples():
             x, h, c, p, lens = case.tensors(torch.float32)
             for t in (x, h, c, p):
                 t.requires_grad_(requires_grad)
-            attrs = dict(rnn_mode=case.mode, direction=case.direction, num_proj=case.P,
-                         time_major=case.time_major)
+            attrs = dict(
+                rnn_mode=case.mode,
+                direction=case.direction,
+                num_proj=case.P,
+                time_major=case.time_major,
+            )
             fwd_kw = dict(attrs, **kw)
             if not fwd_kw.get("is_training", True):
                 utils = _INFERENCE_UTILS if requires_grad else None
                 yield "cudnn_rnn_v3", (x, h, c, p, lens), dict(fwd_kw, test_utils=utils)
                 continue
             yield "cudnn_rnn_v3", (x, h, c, p, lens), fwd_kw
-            out, oh, oc, reserve, host = torch.ops.tfgrads.cudnn_rnn_v3(x, h, c, p, lens,
-                                                                        **fwd_kw)
-            dy, dh, dc = (torch.randn_like(t).requires_grad_(requires_grad)
-                          for t in (out, oh, oc))
+            out, oh, oc, reserve, host = torch.ops.tfgrads.cudnn_rnn_v3(x, h, c, p, lens, **fwd_kw)
+            dy, dh, dc = (torch.randn_like(t).requires_grad_(requires_grad) for t in (out, oh, oc))
             bw_kw = {k: v for k, v in fwd_kw.items() if k != "is_training"}
-            yield "cudnn_rnn_backprop_v3", (x, h, c, p, lens, out.detach(), oh.detach(),
-                                            oc.detach(), dy, dh, dc, reserve, host), bw_kw
+            yield (
+                "cudnn_rnn_backprop_v3",
+                (
+                    x,
+                    h,
+                    c,
+                    p,
+                    lens,
+                    out.detach(),
+                    oh.detach(),
+                    oc.detach(),
+                    dy,
+                    dh,
+                    dc,
+                    reserve,
+                    host,
+                ),
+                bw_kw,
+            )
             G = GATES[case.mode]
             counts = (case.L * case.D * (2 * G + (1 if case.P else 0)), case.L * case.D * 2 * G)
             conv = dict(rnn_mode=case.mode, direction=case.direction, num_proj=case.P)
             yield "cudnn_rnn_params_to_canonical_v2", (case.L, case.U, case.I, p, *counts), conv
             w, b = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2(
-                case.L, case.U, case.I, p.detach(), *counts, **conv)
+                case.L, case.U, case.I, p.detach(), *counts, **conv
+            )
             w = [t.requires_grad_(requires_grad) for t in w]
             yield "cudnn_rnn_canonical_to_params_v2", (case.L, case.U, case.I, w, b), conv
 
@@ -489,15 +608,19 @@ def test_opcheck(sample):
     name, args, kwargs = sample
     kwargs = dict(kwargs)
     utils = kwargs.pop("test_utils", None) or torch.library._OPCHECK_DEFAULT_UTILS
-    torch.library.opcheck(getattr(torch.ops.tfgrads, name).default, args, kwargs,
-                          test_utils=utils)
+    torch.library.opcheck(getattr(torch.ops.tfgrads, name).default, args, kwargs, test_utils=utils)
 
 
 # ---- modules -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cls,torch_cls,kw", [
-    (T.nn.CudnnLSTM, torch.nn.LSTM, dict(proj_size=3)), (T.nn.CudnnGRU, torch.nn.GRU, {}),
-    (T.nn.CudnnRNNTanh, torch.nn.RNN, {}), (T.nn.CudnnRNNRelu, torch.nn.RNN,
-                                             dict(nonlinearity="relu"))])
+@pytest.mark.parametrize(
+    "cls,torch_cls,kw",
+    [
+        (T.nn.CudnnLSTM, torch.nn.LSTM, dict(proj_size=3)),
+        (T.nn.CudnnGRU, torch.nn.GRU, {}),
+        (T.nn.CudnnRNNTanh, torch.nn.RNN, {}),
+        (T.nn.CudnnRNNRelu, torch.nn.RNN, dict(nonlinearity="relu")),
+    ],
+)
 def test_module_from_and_to_torch(cls, torch_cls, kw):
     m = torch_cls(4, 6, 2, bidirectional=True, batch_first=True, dtype=torch.float64, **kw)
     ours = cls.from_torch(m)
@@ -515,8 +638,7 @@ def test_module_from_and_to_torch(cls, torch_cls, kw):
 
 
 def test_module_training_eval_and_canonical_weights():
-    layer = T.nn.CudnnLSTM(2, 5, direction="bidirectional", dropout=0.5, seed=4,
-                             input_size=3)
+    layer = T.nn.CudnnLSTM(2, 5, direction="bidirectional", dropout=0.5, seed=4, input_size=3)
     w, b = layer.canonical_weights()
     assert all(torch.equal(t, torch.zeros_like(t)) for t in b)  # TF's zero bias init
     assert w[0].abs().max() <= (6 / (3 + 5)) ** 0.5  # Glorot-uniform bound
@@ -554,6 +676,7 @@ def test_random_configurations_float32_within_1e5():
     import random
 
     from torch_tfgrads.parity.cudnn_rnn import TOL, check_case, random_case
+
     rng = random.Random(11)
     for i in range(40):
         case = random_case(rng)

@@ -3,6 +3,7 @@ grouped-convolution reference over every attr combination (dilations, unequal st
 EXPLICIT, depth multipliers, both memory formats), dtypes, layouts, empty inputs, determinism,
 autograd (gradcheck/gradgradcheck), opcheck, the Keras-style module and the CUDA kernels where a
 GPU is present."""
+
 import pytest
 import torch
 
@@ -31,9 +32,23 @@ def test_random_cases_cover_the_attr_space():
     assert any(not c.x.is_contiguous() for c in cases) and any(c.x.is_contiguous() for c in cases)
 
 
-def make_case(N=2, H=9, W=8, C=5, M=1, k=(3, 3), s=(1, 1), d=(1, 1), padding="SAME",
-              explicit=((0, 0), (0, 0)), fmt="NHWC", dtype=torch.float64, seed=0):
+def make_case(
+    N=2,
+    H=9,
+    W=8,
+    C=5,
+    M=1,
+    k=(3, 3),
+    s=(1, 1),
+    d=(1, 1),
+    padding="SAME",
+    explicit=((0, 0), (0, 0)),
+    fmt="NHWC",
+    dtype=torch.float64,
+    seed=0,
+):
     from torch_tfgrads.parity.depthwise_conv2d_cases import out_size_and_pads
+
     g = torch.Generator().manual_seed(seed)
     Ho = out_size_and_pads(H, k[0], s[0], d[0], padding, explicit[0])[0]
     Wo = out_size_and_pads(W, k[1], s[1], d[1], padding, explicit[1])[0]
@@ -48,16 +63,36 @@ def make_case(N=2, H=9, W=8, C=5, M=1, k=(3, 3), s=(1, 1), d=(1, 1), padding="SA
 # The vectorised paths: 3x3 / 5x5 sliding windows at stride 1 and 2, wide images (tiles of 8
 # and 4 pixels), channel counts with and without a vector tail, depth multipliers.
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("k,s,d", [((3, 3), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)),
-                                   ((5, 5), (1, 1), (1, 1)), ((5, 5), (2, 2), (1, 1)),
-                                   ((3, 3), (1, 2), (2, 1)), ((1, 1), (1, 1), (1, 1)),
-                                   ((2, 4), (3, 1), (1, 3))])
+@pytest.mark.parametrize(
+    "k,s,d",
+    [
+        ((3, 3), (1, 1), (1, 1)),
+        ((3, 3), (2, 2), (1, 1)),
+        ((5, 5), (1, 1), (1, 1)),
+        ((5, 5), (2, 2), (1, 1)),
+        ((3, 3), (1, 2), (2, 1)),
+        ((1, 1), (1, 1), (1, 1)),
+        ((2, 4), (3, 1), (1, 3)),
+    ],
+)
 @pytest.mark.parametrize("C,M", [(32, 1), (19, 1), (8, 3)])
 def test_fast_paths_match_reference(fmt, k, s, d, C, M):
     # 29 columns: runs of 8-column tiles; 14 columns: 8 + 4 (and overlapping 4-tiles).
     for padding, (H, W) in (("SAME", (23, 29)), ("VALID", (23, 29)), ("SAME", (14, 14))):
-        case = make_case(N=2, H=H, W=W, C=C, M=M, k=k, s=s, d=d, padding=padding, fmt=fmt,
-                         dtype=torch.float32, seed=C + M)
+        case = make_case(
+            N=2,
+            H=H,
+            W=W,
+            C=C,
+            M=M,
+            k=k,
+            s=s,
+            d=d,
+            padding=padding,
+            fmt=fmt,
+            dtype=torch.float32,
+            seed=C + M,
+        )
         errs = check_case(case, use_tf=False)
         assert max(errs.values()) <= 1e-5, (padding, errs)
 
@@ -66,26 +101,49 @@ def test_fast_paths_match_reference(fmt, k, s, d, C, M):
 # that skip the sources in the padding: rows narrower than a tile, paddings wider than the
 # filter (pixels with no taps at all), rows ending in 1-3 pixels; 16 channels take the
 # 16-lane tiles where ATen runs at AVX512, 24 the 8-lane ones.
-@pytest.mark.parametrize("k,s", [((5, 5), (1, 1)), ((3, 3), (1, 1)), ((3, 3), (2, 2)),
-                                 ((5, 5), (2, 2)), ((2, 4), (1, 1))])
-@pytest.mark.parametrize("W,pads", [(3, (4, 6)), (9, (2, 2)), (13, (0, 5)), (22, (7, 1)),
-                                    (31, (2, 2))])
+@pytest.mark.parametrize(
+    "k,s",
+    [((5, 5), (1, 1)), ((3, 3), (1, 1)), ((3, 3), (2, 2)), ((5, 5), (2, 2)), ((2, 4), (1, 1))],
+)
+@pytest.mark.parametrize(
+    "W,pads", [(3, (4, 6)), (9, (2, 2)), (13, (0, 5)), (22, (7, 1)), (31, (2, 2))]
+)
 @pytest.mark.parametrize("C", [16, 24])
 def test_border_tiles_skip_the_padding(k, s, W, pads, C):
-    case = make_case(N=2, H=7, W=W, C=C, k=k, s=s, padding="EXPLICIT", explicit=((1, 2), pads),
-                     dtype=torch.float32, seed=W + C)
+    case = make_case(
+        N=2,
+        H=7,
+        W=W,
+        C=C,
+        k=k,
+        s=s,
+        padding="EXPLICIT",
+        explicit=((1, 2), pads),
+        dtype=torch.float32,
+        seed=W + C,
+    )
     errs = check_case(case, use_tf=False)
     assert max(errs.values()) <= 1e-5, errs
 
 
-@pytest.mark.parametrize("C,H,s", [(136, 64, 1), (20, 120, 1), (20, 121, 2), (256, 46, 1),
-                                   (512, 33, 1)])
+@pytest.mark.parametrize(
+    "C,H,s", [(136, 64, 1), (20, 120, 1), (20, 121, 2), (256, 46, 1), (512, 33, 1)]
+)
 def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
     """Outputs beyond 4 MiB are written with non-temporal stores from a row buffer (also rows that
     are not 32-byte aligned: 20 channels), or straight from the two-vector narrow tiles (256 and
     512 channels); more than 64 channels are processed in chunks."""
-    case = make_case(N=2 if C > 64 else 4, H=H, W=H, C=C, k=(3, 3), s=(s, s), fmt="NHWC",
-                     dtype=torch.float32, seed=C)
+    case = make_case(
+        N=2 if C > 64 else 4,
+        H=H,
+        W=H,
+        C=C,
+        k=(3, 3),
+        s=(s, s),
+        fmt="NHWC",
+        dtype=torch.float32,
+        seed=C,
+    )
     errs = check_case(case, use_tf=False)
     assert max(errs.values()) <= 1e-5, errs
 
@@ -95,20 +153,33 @@ def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
 # pixels sharing shifted taps. Unrolled for 1, 2, 3, 4, 6, 9 taps, looped
 # otherwise (1x5: 5), zeros where a pixel has none (1x1 at stride 2); large float outputs of
 # whole 64-byte pixels streamed from registers, other large outputs through staging rows.
-@pytest.mark.parametrize("N,H,C,k,s,dtype", [
-    (2, 15, 8, (3, 3), (2, 2), torch.float32),      # in place, one vector per pixel
-    (2, 46, 256, (3, 3), (2, 2), torch.float32),    # streamed from registers (4.3 MB)
-    (8, 100, 20, (3, 3), (2, 2), torch.float32),    # staged: 80-byte pixels (6.4 MB)
-    (4, 46, 256, (3, 3), (2, 2), torch.bfloat16),   # staged half type (4.4 MB)
-    (2, 29, 144, (5, 5), (2, 2), torch.float32),    # 9 / 6 / 4 taps
-    (2, 17, 128, (1, 5), (1, 1), torch.float32),    # 5 taps: looped
-    (2, 17, 16, (1, 1), (2, 2), torch.float32),     # no taps on odd rows and columns
-    (2, 33, 24, (2, 2), (2, 2), torch.float64),
-])
+@pytest.mark.parametrize(
+    "N,H,C,k,s,dtype",
+    [
+        (2, 15, 8, (3, 3), (2, 2), torch.float32),  # in place, one vector per pixel
+        (2, 46, 256, (3, 3), (2, 2), torch.float32),  # streamed from registers (4.3 MB)
+        (8, 100, 20, (3, 3), (2, 2), torch.float32),  # staged: 80-byte pixels (6.4 MB)
+        (4, 46, 256, (3, 3), (2, 2), torch.bfloat16),  # staged half type (4.4 MB)
+        (2, 29, 144, (5, 5), (2, 2), torch.float32),  # 9 / 6 / 4 taps
+        (2, 17, 128, (1, 5), (1, 1), torch.float32),  # 5 taps: looped
+        (2, 17, 16, (1, 1), (2, 2), torch.float32),  # no taps on odd rows and columns
+        (2, 33, 24, (2, 2), (2, 2), torch.float64),
+    ],
+)
 def test_few_taps_per_pixel(N, H, C, k, s, dtype):
     case = make_case(N=N, H=H, W=H + 1, C=C, k=k, s=s, fmt="NHWC", dtype=dtype, seed=C)
-    exact = reference(Case(case.x.double(), case.f.double(), case.dy.double(), case.strides,
-                           case.dilations, case.padding, case.explicit, case.data_format))
+    exact = reference(
+        Case(
+            case.x.double(),
+            case.f.double(),
+            case.dy.double(),
+            case.strides,
+            case.dilations,
+            case.padding,
+            case.explicit,
+            case.data_format,
+        )
+    )
     tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 3e-2}[dtype]
     for got, want in zip(ours(case), exact):
         assert got.dtype == dtype and rel_err(got, want) <= tol
@@ -119,8 +190,18 @@ def test_few_taps_per_pixel(N, H, C, k, s, dtype):
 def test_channel_widths_that_alias_in_l1_use_narrow_tiles(C, dtype, s):
     """Pixels a multiple of 1 KiB apart take the 4-column tile path."""
     case = make_case(N=2, H=14, W=15, C=C, k=(3, 3), s=(s, s), fmt="NHWC", dtype=dtype, seed=s)
-    exact = reference(Case(case.x.double(), case.f.double(), case.dy.double(), case.strides,
-                           case.dilations, case.padding, case.explicit, case.data_format))
+    exact = reference(
+        Case(
+            case.x.double(),
+            case.f.double(),
+            case.dy.double(),
+            case.strides,
+            case.dilations,
+            case.padding,
+            case.explicit,
+            case.data_format,
+        )
+    )
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     for got, want in zip(ours(case), exact):
         assert rel_err(got, want) <= tol
@@ -130,8 +211,18 @@ def test_channel_widths_that_alias_in_l1_use_narrow_tiles(C, dtype, s):
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
 def test_half_types_accumulate_in_float(dtype, fmt):
     case = make_case(N=2, H=17, W=18, C=24, M=2, k=(3, 3), s=(2, 2), fmt=fmt, dtype=dtype)
-    exact = reference(Case(case.x.double(), case.f.double(), case.dy.double(), case.strides,
-                           case.dilations, case.padding, case.explicit, case.data_format))
+    exact = reference(
+        Case(
+            case.x.double(),
+            case.f.double(),
+            case.dy.double(),
+            case.strides,
+            case.dilations,
+            case.padding,
+            case.explicit,
+            case.data_format,
+        )
+    )
     tol = 4e-3 if dtype == torch.float16 else 3e-2  # one rounding of the result (+ inputs)
     for got, want in zip(ours(case), exact):
         assert got.dtype == dtype
@@ -163,8 +254,13 @@ def test_arbitrary_strides_are_accepted():
     big = torch.randn(2, 24, 10, 12, dtype=torch.float64)[:, ::2, :, ::2]  # no dense order
     big.copy_(case.x)
     a = case.attrs()
-    assert rel_err(T.depthwise_conv2d_native(big, case.f, *a),
-                   T.depthwise_conv2d_native(case.x, case.f, *a)) == 0
+    assert (
+        rel_err(
+            T.depthwise_conv2d_native(big, case.f, *a),
+            T.depthwise_conv2d_native(case.x, case.f, *a),
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
@@ -172,13 +268,21 @@ def test_sizes_as_list_size_or_tensor(fmt):
     case = make_case(fmt=fmt)
     a = case.attrs()
     want = T.depthwise_conv2d_native_backprop_input(list(case.x.shape), case.f, case.dy, *a)
-    for sizes in (case.x.shape, torch.tensor(case.x.shape, dtype=torch.int32),
-                  torch.tensor(case.x.shape)):
-        assert torch.equal(T.depthwise_conv2d_native_backprop_input(sizes, case.f, case.dy, *a),
-                           want)
+    for sizes in (
+        case.x.shape,
+        torch.tensor(case.x.shape, dtype=torch.int32),
+        torch.tensor(case.x.shape),
+    ):
+        assert torch.equal(
+            T.depthwise_conv2d_native_backprop_input(sizes, case.f, case.dy, *a), want
+        )
     wf = T.depthwise_conv2d_native_backprop_filter(case.x, list(case.f.shape), case.dy, *a)
-    assert torch.equal(T.depthwise_conv2d_native_backprop_filter(
-        case.x, torch.tensor(case.f.shape, dtype=torch.int32), case.dy, *a), wf)
+    assert torch.equal(
+        T.depthwise_conv2d_native_backprop_filter(
+            case.x, torch.tensor(case.f.shape, dtype=torch.int32), case.dy, *a
+        ),
+        wf,
+    )
 
 
 # ---- empty and degenerate inputs: zeros, never uninitialised memory ------------------------------
@@ -198,43 +302,70 @@ def test_empty_and_degenerate_inputs_give_zeros(fmt):
 
     x = torch.randn(nhwc(1, 4, 4, 3))
     # filter with a zero spatial size: output [1,5,3,3] (TF's kernel rule), all zero
-    y = _poisoned(lambda: T.depthwise_conv2d_native(x, torch.ones(0, 2, 3, 1), st, "VALID",
-                                                    data_format=fmt))
+    y = _poisoned(
+        lambda: T.depthwise_conv2d_native(x, torch.ones(0, 2, 3, 1), st, "VALID", data_format=fmt)
+    )
     assert y.shape == nhwc(1, 5, 3, 3) and not y.any()
     # multiplier 0 / C=0 / batch 0 / window larger than the input: empty outputs
-    assert T.depthwise_conv2d_native(x, torch.ones(2, 2, 3, 0), st, "VALID",
-                                     data_format=fmt).shape == nhwc(1, 3, 3, 0)
-    assert T.depthwise_conv2d_native(torch.ones(nhwc(1, 4, 4, 0)), torch.ones(2, 2, 0, 2), st,
-                                     "VALID", data_format=fmt).shape == nhwc(1, 3, 3, 0)
-    assert T.depthwise_conv2d_native(torch.ones(nhwc(0, 4, 4, 3)), torch.ones(2, 2, 3, 1), st,
-                                     "VALID", data_format=fmt).shape == nhwc(0, 3, 3, 3)
-    assert T.depthwise_conv2d_native(torch.ones(nhwc(1, 2, 2, 3)), torch.ones(3, 3, 3, 1), st,
-                                     "VALID", data_format=fmt).shape == nhwc(1, 0, 0, 3)
+    assert T.depthwise_conv2d_native(
+        x, torch.ones(2, 2, 3, 0), st, "VALID", data_format=fmt
+    ).shape == nhwc(1, 3, 3, 0)
+    assert T.depthwise_conv2d_native(
+        torch.ones(nhwc(1, 4, 4, 0)), torch.ones(2, 2, 0, 2), st, "VALID", data_format=fmt
+    ).shape == nhwc(1, 3, 3, 0)
+    assert T.depthwise_conv2d_native(
+        torch.ones(nhwc(0, 4, 4, 3)), torch.ones(2, 2, 3, 1), st, "VALID", data_format=fmt
+    ).shape == nhwc(0, 3, 3, 3)
+    assert T.depthwise_conv2d_native(
+        torch.ones(nhwc(1, 2, 2, 3)), torch.ones(3, 3, 3, 1), st, "VALID", data_format=fmt
+    ).shape == nhwc(1, 0, 0, 3)
     # BackpropInput with multiplier 0 (TF: uninitialised memory) and empty out_backprop
-    dx = _poisoned(lambda: T.depthwise_conv2d_native_backprop_input(
-        nhwc(1, 4, 4, 3), torch.ones(2, 2, 3, 0), torch.ones(nhwc(1, 3, 3, 0)), st, "VALID",
-        data_format=fmt))
+    dx = _poisoned(
+        lambda: T.depthwise_conv2d_native_backprop_input(
+            nhwc(1, 4, 4, 3),
+            torch.ones(2, 2, 3, 0),
+            torch.ones(nhwc(1, 3, 3, 0)),
+            st,
+            "VALID",
+            data_format=fmt,
+        )
+    )
     assert dx.shape == nhwc(1, 4, 4, 3) and not dx.any()
     dx = T.depthwise_conv2d_native_backprop_input(
-        nhwc(1, 2, 2, 3), torch.ones(3, 3, 3, 1), torch.ones(nhwc(1, 0, 0, 3)), st, "VALID",
-        data_format=fmt)
+        nhwc(1, 2, 2, 3),
+        torch.ones(3, 3, 3, 1),
+        torch.ones(nhwc(1, 0, 0, 3)),
+        st,
+        "VALID",
+        data_format=fmt,
+    )
     assert dx.shape == nhwc(1, 2, 2, 3) and not dx.any()
     # BackpropFilter with an empty batch (TF: uninitialised memory, PR #126484)
-    df = _poisoned(lambda: T.depthwise_conv2d_native_backprop_filter(
-        torch.ones(nhwc(0, 4, 4, 3)), [2, 2, 3, 2], torch.ones(nhwc(0, 3, 3, 6)), st, "VALID",
-        data_format=fmt))
+    df = _poisoned(
+        lambda: T.depthwise_conv2d_native_backprop_filter(
+            torch.ones(nhwc(0, 4, 4, 3)),
+            [2, 2, 3, 2],
+            torch.ones(nhwc(0, 3, 3, 6)),
+            st,
+            "VALID",
+            data_format=fmt,
+        )
+    )
     assert df.shape == (2, 2, 3, 2) and not df.any()
 
 
 def test_input_smaller_than_window_is_empty_by_the_kernel_rule():
     # H=2, k=3, VALID: trunc((2-3+1)/1) = 0 rows; H=1, k=4, s=2: trunc(-1/2) = 0; H=1,k=3: -1.
-    assert T.depthwise_conv2d_native(torch.ones(1, 2, 5, 1), torch.ones(3, 1, 1, 1),
-                                     [1, 1, 1, 1], "VALID").shape == (1, 0, 5, 1)
-    assert T.depthwise_conv2d_native(torch.ones(1, 1, 5, 1), torch.ones(4, 1, 1, 1),
-                                     [1, 2, 1, 1], "VALID").shape == (1, 0, 5, 1)
+    assert T.depthwise_conv2d_native(
+        torch.ones(1, 2, 5, 1), torch.ones(3, 1, 1, 1), [1, 1, 1, 1], "VALID"
+    ).shape == (1, 0, 5, 1)
+    assert T.depthwise_conv2d_native(
+        torch.ones(1, 1, 5, 1), torch.ones(4, 1, 1, 1), [1, 2, 1, 1], "VALID"
+    ).shape == (1, 0, 5, 1)
     with pytest.raises(RuntimeError, match="Computed output size would be negative: -1"):
-        T.depthwise_conv2d_native(torch.ones(1, 1, 5, 1), torch.ones(3, 1, 1, 1), [1, 1, 1, 1],
-                                  "VALID")
+        T.depthwise_conv2d_native(
+            torch.ones(1, 1, 5, 1), torch.ones(3, 1, 1, 1), [1, 1, 1, 1], "VALID"
+        )
 
 
 def test_filter_gradient_is_deterministic_across_thread_counts():
@@ -245,8 +376,9 @@ def test_filter_gradient_is_deterministic_across_thread_counts():
         results = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            results.append(T.depthwise_conv2d_native_backprop_filter(case.x, case.f.shape,
-                                                                     case.dy, *a))
+            results.append(
+                T.depthwise_conv2d_native_backprop_filter(case.x, case.f.shape, case.dy, *a)
+            )
     finally:
         torch.set_num_threads(old)
     assert all(torch.equal(r, results[0]) for r in results)
@@ -259,27 +391,33 @@ def test_dtype_and_device_checks_name_the_argument():
     with pytest.raises(TypeError, match="argument 'input' must be a float16"):
         T.depthwise_conv2d_native(x.int(), f.int(), [1, 1, 1, 1], "VALID")
     with pytest.raises(TypeError, match="argument 'out_backprop' must have the dtype"):
-        T.depthwise_conv2d_native_backprop_input([1, 4, 4, 3], f, torch.ones(1, 3, 3, 3).double(),
-                                                 [1, 1, 1, 1], "VALID")
+        T.depthwise_conv2d_native_backprop_input(
+            [1, 4, 4, 3], f, torch.ones(1, 3, 3, 3).double(), [1, 1, 1, 1], "VALID"
+        )
     with pytest.raises(ValueError, match="argument 'padding'"):
         T.depthwise_conv2d_native(x, f, [1, 1, 1, 1], "same")
     with pytest.raises(ValueError, match="argument 'input_sizes'.*1-dim, not 2"):
-        T.depthwise_conv2d_native_backprop_input(torch.tensor([[1, 4, 4, 3]]), f,
-                                                 torch.ones(1, 3, 3, 3), [1, 1, 1, 1], "VALID")
+        T.depthwise_conv2d_native_backprop_input(
+            torch.tensor([[1, 4, 4, 3]]), f, torch.ones(1, 3, 3, 3), [1, 1, 1, 1], "VALID"
+        )
 
 
 # ---- autograd ------------------------------------------------------------------------------------
 GRAD_CONFIGS = [
     dict(k=(3, 3), s=(1, 1), d=(1, 1), padding="SAME", fmt="NHWC"),
     dict(k=(3, 2), s=(2, 1), d=(1, 2), padding="VALID", fmt="NHWC", M=2),
-    dict(k=(2, 3), s=(1, 2), d=(2, 1), padding="EXPLICIT", explicit=((1, 2), (0, 1)),
-         fmt="NCHW", M=2),
+    dict(
+        k=(2, 3), s=(1, 2), d=(2, 1), padding="EXPLICIT", explicit=((1, 2), (0, 1)), fmt="NCHW", M=2
+    ),
     dict(k=(3, 3), s=(2, 2), d=(1, 1), padding="SAME", fmt="NCHW"),
 ]
 
 
-@pytest.mark.parametrize("cfg", GRAD_CONFIGS, ids=lambda c: f"{c['fmt']}-{c['padding']}-"
-                         f"s{c['s'][0]}{c['s'][1]}-d{c['d'][0]}{c['d'][1]}")
+@pytest.mark.parametrize(
+    "cfg",
+    GRAD_CONFIGS,
+    ids=lambda c: f"{c['fmt']}-{c['padding']}-s{c['s'][0]}{c['s'][1]}-d{c['d'][0]}{c['d'][1]}",
+)
 def test_gradcheck_and_gradgradcheck(cfg):
     case = make_case(N=2, H=6, W=5, C=3, seed=1, **cfg)
     a = case.attrs()
@@ -328,19 +466,23 @@ def test_opcheck(sample):
 
 # ---- module --------------------------------------------------------------------------------------
 def test_module_matches_the_op_and_keras_layouts():
-    m = T.nn.DepthwiseConv2d(4, (3, 2), strides=2, padding="same", depth_multiplier=3,
-                             dilation_rate=1)
+    m = T.nn.DepthwiseConv2d(
+        4, (3, 2), strides=2, padding="same", depth_multiplier=3, dilation_rate=1
+    )
     assert m.depthwise_kernel.shape == (3, 2, 4, 3) and m.bias.shape == (12,)
     with torch.no_grad():
         m.bias.uniform_()
     x = torch.randn(2, 9, 8, 4)
     want = T.depthwise_conv2d_native(x, m.depthwise_kernel, [1, 2, 2, 1], "SAME") + m.bias
     assert torch.equal(m(x), want)
-    mc = T.nn.DepthwiseConv2d(4, 3, data_format="channels_first", dilation_rate=2,
-                              use_bias=False)
+    mc = T.nn.DepthwiseConv2d(4, 3, data_format="channels_first", dilation_rate=2, use_bias=False)
     xc = torch.randn(2, 4, 9, 9)
-    assert torch.equal(mc(xc), T.depthwise_conv2d_native(xc, mc.depthwise_kernel, [1, 1, 1, 1],
-                                                         "VALID", [], "NCHW", [1, 1, 2, 2]))
+    assert torch.equal(
+        mc(xc),
+        T.depthwise_conv2d_native(
+            xc, mc.depthwise_kernel, [1, 1, 1, 1], "VALID", [], "NCHW", [1, 1, 2, 2]
+        ),
+    )
     limit = (6 / (3 * 3 * 4 + 3 * 3 * 1)) ** 0.5  # Keras' Glorot uniform bound
     assert mc.depthwise_kernel.abs().max() <= limit and mc.bias is None
     with pytest.raises(ValueError, match="padding"):
@@ -352,8 +494,14 @@ def test_module_matches_the_op_and_keras_layouts():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_device_matches_reference(device, dtype):
     for i, case in enumerate(random_cases(40, seed=11, dtypes=(dtype,))):
-        dev = Case(*(t.to(device) for t in (case.x, case.f, case.dy)), case.strides,
-                   case.dilations, case.padding, case.explicit, case.data_format)
+        dev = Case(
+            *(t.to(device) for t in (case.x, case.f, case.dy)),
+            case.strides,
+            case.dilations,
+            case.padding,
+            case.explicit,
+            case.data_format,
+        )
         got = ours(dev)
         want = reference(case)
         tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 4e-3}[dtype]
@@ -370,13 +518,21 @@ def _wide_calls():
     runs of every length up to 16 at source steps 1 and 2, aliasing in L1 (256 / 512) or not."""
     g = torch.Generator().manual_seed(7)
     layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
-        (2, 13, 29, 16, 3, 3, 1, "SAME", 1), (2, 11, 31, 32, 5, 5, 1, "SAME", 1),
-        (1, 9, 27, 48, 1, 5, 2, "VALID", 1), (2, 8, 19, 80, 2, 4, 1, "SAME", 1),
-        (2, 7, 14, 256, 3, 3, 1, "SAME", 1), (1, 6, 9, 512, 3, 3, 1, "VALID", 1),
-        (2, 10, 23, 16, 3, 3, 2, "EXPLICIT", 1), (2, 9, 17, 16, 3, 3, 1, "SAME", 2),
-        (8, 56, 56, 64, 3, 3, 1, "SAME", 1), (4, 64, 64, 32, 5, 5, 1, "SAME", 1),
-        (12, 14, 14, 512, 3, 3, 1, "SAME", 1), (2, 8, 28, 256, 3, 3, 2, "SAME", 1),
-        (2, 6, 35, 32, 3, 3, 2, "VALID", 1), (2, 9, 26, 32, 5, 5, 1, "EXPLICIT", 1)]
+        (2, 13, 29, 16, 3, 3, 1, "SAME", 1),
+        (2, 11, 31, 32, 5, 5, 1, "SAME", 1),
+        (1, 9, 27, 48, 1, 5, 2, "VALID", 1),
+        (2, 8, 19, 80, 2, 4, 1, "SAME", 1),
+        (2, 7, 14, 256, 3, 3, 1, "SAME", 1),
+        (1, 6, 9, 512, 3, 3, 1, "VALID", 1),
+        (2, 10, 23, 16, 3, 3, 2, "EXPLICIT", 1),
+        (2, 9, 17, 16, 3, 3, 1, "SAME", 2),
+        (8, 56, 56, 64, 3, 3, 1, "SAME", 1),
+        (4, 64, 64, 32, 5, 5, 1, "SAME", 1),
+        (12, 14, 14, 512, 3, 3, 1, "SAME", 1),
+        (2, 8, 28, 256, 3, 3, 2, "SAME", 1),
+        (2, 6, 35, 32, 3, 3, 2, "VALID", 1),
+        (2, 9, 26, 32, 5, 5, 1, "EXPLICIT", 1),
+    ]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:
         x = torch.randn(N, H, W, C, generator=g)
@@ -387,11 +543,11 @@ def _wide_calls():
         pads = [0, 0, 1, 2, 2, 0, 0, 0] if padding == "EXPLICIT" else []
         y = T.depthwise_conv2d_native(x, f, st, padding, pads)
         dy = torch.randn(y.shape, generator=g)
-        calls += [("depthwise_conv2d_native", (x, f, st, padding, pads)),
-                  ("depthwise_conv2d_native_backprop_input", (list(x.shape), f, dy, st, padding,
-                                                              pads)),
-                  ("depthwise_conv2d_native_backprop_filter", (x, list(f.shape), dy, st, padding,
-                                                               pads))]
+        calls += [
+            ("depthwise_conv2d_native", (x, f, st, padding, pads)),
+            ("depthwise_conv2d_native_backprop_input", (list(x.shape), f, dy, st, padding, pads)),
+            ("depthwise_conv2d_native_backprop_filter", (x, list(f.shape), dy, st, padding, pads)),
+        ]
     return calls
 
 

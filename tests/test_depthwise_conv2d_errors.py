@@ -2,6 +2,7 @@
 under FakeTensor (the fake kernels that torch.compile and torch.export run), each category of
 the policy raises its exception type eagerly and under torch.compile, and the nn module names
 its own arguments."""
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -31,46 +32,114 @@ def BF(**kw):
 # Bad inputs beyond the TF table (test_depthwise_conv2d_tf.BAD_INPUTS): the checks TF lacks or
 # words differently, with the exception type the policy gives each.
 OWN_CASES = {
-    "fwd: int input": (F(input=_x(1, 4, 4, 3, dtype=torch.int32),
-                         filter=_x(2, 2, 3, 1, dtype=torch.int32), **S1), TypeError),
-    "fwd: padding 'same'": (F(input=_x(1, 4, 4, 3), filter=_x(2, 2, 3, 1),
-                              strides=[1, 1, 1, 1], padding="same"), ValueError),
-    "fwd: input smaller than the window": (F(input=_x(1, 1, 5, 1), filter=_x(3, 1, 1, 1), **S1),
-                                           RuntimeError),
-    "fwd: NCHW filter depth mismatch": (F(input=_x(1, 3, 4, 4), filter=_x(2, 2, 4, 1),
-                                          data_format="NCHW", **S1), RuntimeError),
-    "fwd: huge dilation, SAME": (F(input=_x(1, 4, 4, 1), filter=_x(5, 1, 1, 1),
-                                   strides=[1, 1, 1, 1], padding="SAME",
-                                   dilations=[1, 2**62, 1, 1]), RuntimeError),
-    "fwd: huge dilation, VALID": (F(input=_x(1, 4, 4, 1), filter=_x(5, 1, 1, 1),
-                                    dilations=[1, 2**62, 1, 1], **S1), RuntimeError),
-    "fwd: huge explicit padding": (F(input=_x(1, 4, 4, 1), filter=_x(1, 1, 1, 1),
-                                     strides=[1, 1, 1, 1], padding="EXPLICIT",
-                                     explicit_paddings=[0, 0, 2**40, 0, 0, 0, 0, 0]),
-                                   RuntimeError),
-    "bi: out_backprop dtype mismatch": (BI(input_sizes=[1, 4, 4, 3], filter=_x(2, 2, 3, 1),
-                                           out_backprop=_x(1, 3, 3, 3, dtype=torch.float64),
-                                           **S1), TypeError),
-    "bi: float input_sizes tensor": (BI(input_sizes=torch.tensor([1.0, 4, 4, 3]),
-                                        filter=_x(2, 2, 3, 1), out_backprop=_x(1, 3, 3, 3),
-                                        **S1), TypeError),
-    "bi: int filter": (BI(input_sizes=[1, 4, 4, 3], filter=_x(2, 2, 3, 1, dtype=torch.int64),
-                          out_backprop=_x(1, 3, 3, 3, dtype=torch.int64), **S1), TypeError),
-    "bi: input_sizes list of 3": (BI(input_sizes=[4, 4, 3], filter=_x(2, 2, 3, 1),
-                                     out_backprop=_x(1, 3, 3, 3), **S1), ValueError),
-    "bi: filter rank 3": (BI(input_sizes=[1, 4, 4, 3], filter=_x(2, 2, 3),
-                             out_backprop=_x(1, 3, 3, 3), **S1), RuntimeError),
-    "bf: filter_sizes list of 5": (BF(input=_x(1, 4, 4, 3), filter_sizes=[2, 2, 3, 1, 1],
-                                      out_backprop=_x(1, 3, 3, 3), **S1), ValueError),
-    "bf: out_backprop dtype mismatch": (BF(input=_x(1, 4, 4, 3), filter_sizes=[2, 2, 3, 1],
-                                           out_backprop=_x(1, 3, 3, 3, dtype=torch.float16),
-                                           **S1), TypeError),
-    "bf: cols mismatch (NCHW)": (BF(input=_x(1, 3, 4, 4), filter_sizes=[2, 2, 3, 1],
-                                    out_backprop=_x(1, 3, 3, 2), data_format="NCHW", **S1),
-                                 RuntimeError),
-    "bf: bad data_format": (BF(input=_x(1, 4, 4, 3), filter_sizes=[2, 2, 3, 1],
-                               out_backprop=_x(1, 3, 3, 3), data_format="NDHWC", **S1),
-                            ValueError),
+    "fwd: int input": (
+        F(input=_x(1, 4, 4, 3, dtype=torch.int32), filter=_x(2, 2, 3, 1, dtype=torch.int32), **S1),
+        TypeError,
+    ),
+    "fwd: padding 'same'": (
+        F(input=_x(1, 4, 4, 3), filter=_x(2, 2, 3, 1), strides=[1, 1, 1, 1], padding="same"),
+        ValueError,
+    ),
+    "fwd: input smaller than the window": (
+        F(input=_x(1, 1, 5, 1), filter=_x(3, 1, 1, 1), **S1),
+        RuntimeError,
+    ),
+    "fwd: NCHW filter depth mismatch": (
+        F(input=_x(1, 3, 4, 4), filter=_x(2, 2, 4, 1), data_format="NCHW", **S1),
+        RuntimeError,
+    ),
+    "fwd: huge dilation, SAME": (
+        F(
+            input=_x(1, 4, 4, 1),
+            filter=_x(5, 1, 1, 1),
+            strides=[1, 1, 1, 1],
+            padding="SAME",
+            dilations=[1, 2**62, 1, 1],
+        ),
+        RuntimeError,
+    ),
+    "fwd: huge dilation, VALID": (
+        F(input=_x(1, 4, 4, 1), filter=_x(5, 1, 1, 1), dilations=[1, 2**62, 1, 1], **S1),
+        RuntimeError,
+    ),
+    "fwd: huge explicit padding": (
+        F(
+            input=_x(1, 4, 4, 1),
+            filter=_x(1, 1, 1, 1),
+            strides=[1, 1, 1, 1],
+            padding="EXPLICIT",
+            explicit_paddings=[0, 0, 2**40, 0, 0, 0, 0, 0],
+        ),
+        RuntimeError,
+    ),
+    "bi: out_backprop dtype mismatch": (
+        BI(
+            input_sizes=[1, 4, 4, 3],
+            filter=_x(2, 2, 3, 1),
+            out_backprop=_x(1, 3, 3, 3, dtype=torch.float64),
+            **S1,
+        ),
+        TypeError,
+    ),
+    "bi: float input_sizes tensor": (
+        BI(
+            input_sizes=torch.tensor([1.0, 4, 4, 3]),
+            filter=_x(2, 2, 3, 1),
+            out_backprop=_x(1, 3, 3, 3),
+            **S1,
+        ),
+        TypeError,
+    ),
+    "bi: int filter": (
+        BI(
+            input_sizes=[1, 4, 4, 3],
+            filter=_x(2, 2, 3, 1, dtype=torch.int64),
+            out_backprop=_x(1, 3, 3, 3, dtype=torch.int64),
+            **S1,
+        ),
+        TypeError,
+    ),
+    "bi: input_sizes list of 3": (
+        BI(input_sizes=[4, 4, 3], filter=_x(2, 2, 3, 1), out_backprop=_x(1, 3, 3, 3), **S1),
+        ValueError,
+    ),
+    "bi: filter rank 3": (
+        BI(input_sizes=[1, 4, 4, 3], filter=_x(2, 2, 3), out_backprop=_x(1, 3, 3, 3), **S1),
+        RuntimeError,
+    ),
+    "bf: filter_sizes list of 5": (
+        BF(input=_x(1, 4, 4, 3), filter_sizes=[2, 2, 3, 1, 1], out_backprop=_x(1, 3, 3, 3), **S1),
+        ValueError,
+    ),
+    "bf: out_backprop dtype mismatch": (
+        BF(
+            input=_x(1, 4, 4, 3),
+            filter_sizes=[2, 2, 3, 1],
+            out_backprop=_x(1, 3, 3, 3, dtype=torch.float16),
+            **S1,
+        ),
+        TypeError,
+    ),
+    "bf: cols mismatch (NCHW)": (
+        BF(
+            input=_x(1, 3, 4, 4),
+            filter_sizes=[2, 2, 3, 1],
+            out_backprop=_x(1, 3, 3, 2),
+            data_format="NCHW",
+            **S1,
+        ),
+        RuntimeError,
+    ),
+    "bf: bad data_format": (
+        BF(
+            input=_x(1, 4, 4, 3),
+            filter_sizes=[2, 2, 3, 1],
+            out_backprop=_x(1, 3, 3, 3),
+            data_format="NDHWC",
+            **S1,
+        ),
+        ValueError,
+    ),
 }
 
 # Every case, as (function, kwargs, expected exception type or None where it computes).
@@ -180,17 +249,20 @@ def test_policy_types_eager_compiled_and_exported(expected):
 
 
 # ---- the nn module ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, arg, err", [
-    (dict(padding="full"), "padding", ValueError),
-    (dict(data_format="NHWC"), "data_format", ValueError),
-    (dict(kernel_size=(3, 3, 3)), "kernel_size", ValueError),
-    (dict(kernel_size=0), "kernel_size", ValueError),
-    (dict(kernel_size=2.5), "kernel_size", TypeError),
-    (dict(strides=(1, 0)), "strides", ValueError),
-    (dict(dilation_rate=-1), "dilation_rate", ValueError),
-    (dict(depth_multiplier=0), "depth_multiplier", ValueError),
-    (dict(in_channels=0), "in_channels", ValueError),
-])
+@pytest.mark.parametrize(
+    "kwargs, arg, err",
+    [
+        (dict(padding="full"), "padding", ValueError),
+        (dict(data_format="NHWC"), "data_format", ValueError),
+        (dict(kernel_size=(3, 3, 3)), "kernel_size", ValueError),
+        (dict(kernel_size=0), "kernel_size", ValueError),
+        (dict(kernel_size=2.5), "kernel_size", TypeError),
+        (dict(strides=(1, 0)), "strides", ValueError),
+        (dict(dilation_rate=-1), "dilation_rate", ValueError),
+        (dict(depth_multiplier=0), "depth_multiplier", ValueError),
+        (dict(in_channels=0), "in_channels", ValueError),
+    ],
+)
 def test_module_constructor_errors_name_the_argument(kwargs, arg, err):
     args = dict(in_channels=4, kernel_size=3)
     args.update(kwargs)
@@ -200,8 +272,9 @@ def test_module_constructor_errors_name_the_argument(kwargs, arg, err):
 
 def test_module_input_errors_name_the_module_arguments():
     m = T.nn.DepthwiseConv2d(4, 3)  # channels_last
-    with pytest.raises(RuntimeError, match="argument 'in_channels' is 4.*data_format "
-                                           "'channels_last'"):
+    with pytest.raises(
+        RuntimeError, match="argument 'in_channels' is 4.*data_format 'channels_last'"
+    ):
         m(torch.randn(2, 4, 9, 9 + 1))  # an NCHW tensor into an NHWC module
     with pytest.raises(RuntimeError, match="^DepthwiseConv2d: the input must be 4-D"):
         m(torch.randn(9, 9, 4))

@@ -7,6 +7,7 @@
   and a `#fragment` at an existing heading of the target page (GitHub's anchor rule).
 * The repository stands alone: no file points at the workspace outside it.
 """
+
 import os
 import re
 from pathlib import Path
@@ -75,8 +76,9 @@ def link_problems(path, root=ROOT):
             problems.append(f"{where}: points outside the repository")
             continue
         if fragment and dest.suffix == ".md" and fragment not in anchors(dest):
-            problems.append(f"{where}: no heading with anchor #{fragment} in "
-                            f"{dest.relative_to(root)}")
+            problems.append(
+                f"{where}: no heading with anchor #{fragment} in {dest.relative_to(root)}"
+            )
     return problems
 
 
@@ -97,20 +99,33 @@ def test_readme_python_blocks_run():
 def test_docs_python_blocks_run():
     """```python blocks in the other pages run too, one namespace per page."""
     for path in DOC_FILES[1:]:
-        run_blocks(code_blocks(path.read_text(encoding="utf-8"), "python"),
-                   str(path.relative_to(ROOT)))
+        run_blocks(
+            code_blocks(path.read_text(encoding="utf-8"), "python"), str(path.relative_to(ROOT))
+        )
 
 
 # ---- links ------------------------------------------------------------------------------------
 def test_doc_pages_exist():
     """The pages the README and the checklist in docs/development.md promise. (A copy of the
     repository that runs the tests, such as `make sanitize`'s, must carry docs/ too.)"""
-    missing = [page for page in ["README.md", "CHANGELOG.md", "LICENSE", "docs/index.md",
-                                 "docs/errors.md", "docs/parity.md", "docs/benchmarks.md",
-                                 "docs/development.md", "docs/ops/fused_batch_norm.md",
-                                 "docs/ops/fractional_pool.md", "docs/ops/depthwise_conv2d.md",
-                                 "docs/ops/cudnn_rnn.md"]
-               if not (ROOT / page).is_file()]
+    missing = [
+        page
+        for page in [
+            "README.md",
+            "CHANGELOG.md",
+            "LICENSE",
+            "docs/index.md",
+            "docs/errors.md",
+            "docs/parity.md",
+            "docs/benchmarks.md",
+            "docs/development.md",
+            "docs/ops/fused_batch_norm.md",
+            "docs/ops/fractional_pool.md",
+            "docs/ops/depthwise_conv2d.md",
+            "docs/ops/cudnn_rnn.md",
+        ]
+        if not (ROOT / page).is_file()
+    ]
     assert not missing, f"missing under {ROOT}: {missing}"
 
 
@@ -122,11 +137,18 @@ def test_relative_links_resolve(path):
 
 def test_every_doc_page_is_linked_from_the_index():
     index = ROOT / "docs" / "index.md"
-    linked = {(index.parent / m.group(1).partition("#")[0]).resolve()
-              for m in _LINK.finditer(_prose(index.read_text(encoding="utf-8")))}
-    missing = [str(p.relative_to(ROOT)) for p in DOC_FILES
-               if p.is_relative_to(ROOT / "docs") and p != index and p.resolve() not in linked
-               and p.name != "kernel-comments.md"]
+    linked = {
+        (index.parent / m.group(1).partition("#")[0]).resolve()
+        for m in _LINK.finditer(_prose(index.read_text(encoding="utf-8")))
+    }
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in DOC_FILES
+        if p.is_relative_to(ROOT / "docs")
+        and p != index
+        and p.resolve() not in linked
+        and p.name != "kernel-comments.md"
+    ]
     assert not missing, f"docs/index.md does not list: {missing}"
 
 
@@ -135,9 +157,11 @@ def test_link_checker_catches_broken_links(tmp_path):
     links in code and web links are not checked."""
     (tmp_path / "other.md").write_text("# Real heading\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](other.md#real-heading) [gone](missing.md) [bad](other.md#nope)\n"
-                    "`[in code](missing.md)`\n```\n[in a block](missing.md)\n```\n"
-                    "[web](https://example.org/x)\n")
+    page.write_text(
+        "[ok](other.md#real-heading) [gone](missing.md) [bad](other.md#nope)\n"
+        "`[in code](missing.md)`\n```\n[in a block](missing.md)\n```\n"
+        "[web](https://example.org/x)\n"
+    )
     problems = link_problems(page, root=tmp_path)
     assert len(problems) == 2, problems
     assert "missing.md" in problems[0] and "#nope" in problems[1]
@@ -146,14 +170,28 @@ def test_link_checker_catches_broken_links(tmp_path):
 def test_github_slugs():
     assert github_slug("torch_tfgrads.nn.FusedBatchNorm") == "torch_tfgradsnnfusedbatchnorm"
     assert github_slug("Where it differs from `TensorFlow`") == "where-it-differs-from-tensorflow"
-    assert github_slug("fractional_avg_pool and fractional_max_pool") == \
-        "fractional_avg_pool-and-fractional_max_pool"
+    assert (
+        github_slug("fractional_avg_pool and fractional_max_pool")
+        == "fractional_avg_pool-and-fractional_max_pool"
+    )
 
 
 # ---- the repository stands alone --------------------------------------------------------------
 _SKIP_DIRS = {".git", ".venv", "venv", "build", "dist", "__pycache__", ".pytest_cache"}
-_TEXT_SUFFIXES = {".md", ".py", ".cpp", ".h", ".cu", ".cuh", ".toml", ".cfg", ".txt", ".sh",
-                  ".yml", ".yaml"}
+_TEXT_SUFFIXES = {
+    ".md",
+    ".py",
+    ".cpp",
+    ".h",
+    ".cu",
+    ".cuh",
+    ".toml",
+    ".cfg",
+    ".txt",
+    ".sh",
+    ".yml",
+    ".yaml",
+}
 _OUTSIDE = re.compile(r"\.\./shared|\bspec (?:[A-Z]\d|§|README)|\bAPI\.md\b")
 
 
@@ -167,9 +205,12 @@ def _repository_text_files():
 
 
 def test_docs_do_not_point_outside_the_repository():
-    hits = [f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
-            for p in DOC_FILES for text in [p.read_text(encoding="utf-8")]
-            for m in _OUTSIDE.finditer(text)]
+    hits = [
+        f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+        for p in DOC_FILES
+        for text in [p.read_text(encoding="utf-8")]
+        for m in _OUTSIDE.finditer(text)
+    ]
     assert not hits, "\n".join(hits)
 
 
@@ -182,6 +223,8 @@ def test_repository_does_not_point_outside_itself():
         if p.resolve() == me:
             continue
         text = p.read_text(encoding="utf-8", errors="replace")
-        hits += [f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
-                 for m in _OUTSIDE.finditer(text)]
+        hits += [
+            f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+            for m in _OUTSIDE.finditer(text)
+        ]
     assert not hits, "\n".join(hits)

@@ -2,6 +2,7 @@
 TF's generator and kernels (tests/fractional_pool_reference.py) bit for bit, TF's documented
 examples and tie rules, strides, dtypes, seeds, autograd (gradcheck/gradgradcheck), opcheck,
 modules and the CUDA kernels where a GPU is present."""
+
 import numpy as np
 import pytest
 import torch
@@ -20,24 +21,74 @@ SEED_TABLE = [
     (10, 10, 1.44, 1.73, True, 7, 0, [0, 1, 3, 5, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
     (10, 10, 2.0, 2.0, False, 3, 4, [0, 2, 4, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
     (10, 10, 2.0, 2.0, True, 3, 4, [0, 2, 4, 6, 8, 10], [0, 2, 4, 6, 8, 10]),
-    (20, 30, 1.7320508, 1.4142135, False, 341261001, 87654321,
-     [0, 1, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20],
-     [0, 1, 3, 4, 5, 6, 7, 9, 10, 12, 14, 15, 16, 17, 18, 20, 21, 23, 24, 26, 28, 30]),
-    (20, 30, 1.7320508, 1.4142135, True, 341261001, 87654321,
-     [0, 2, 4, 5, 7, 9, 11, 13, 15, 16, 18, 20],
-     [0, 2, 3, 5, 6, 7, 9, 10, 12, 13, 15, 16, 17, 19, 20, 22, 23, 25, 26, 27, 29, 30]),
-    (23, 23, 2.3, 2.3, True, 0, 1, [0, 2, 5, 7, 9, 11, 14, 16, 18, 21, 23],
-     [0, 3, 5, 7, 10, 12, 14, 17, 19, 21, 23]),
-    (23, 23, 2.3, 2.3, False, 0, 1, [0, 2, 5, 7, 9, 11, 13, 15, 18, 20, 23],
-     [0, 3, 5, 8, 10, 12, 14, 16, 18, 21, 23]),
+    (
+        20,
+        30,
+        1.7320508,
+        1.4142135,
+        False,
+        341261001,
+        87654321,
+        [0, 1, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20],
+        [0, 1, 3, 4, 5, 6, 7, 9, 10, 12, 14, 15, 16, 17, 18, 20, 21, 23, 24, 26, 28, 30],
+    ),
+    (
+        20,
+        30,
+        1.7320508,
+        1.4142135,
+        True,
+        341261001,
+        87654321,
+        [0, 2, 4, 5, 7, 9, 11, 13, 15, 16, 18, 20],
+        [0, 2, 3, 5, 6, 7, 9, 10, 12, 13, 15, 16, 17, 19, 20, 22, 23, 25, 26, 27, 29, 30],
+    ),
+    (
+        23,
+        23,
+        2.3,
+        2.3,
+        True,
+        0,
+        1,
+        [0, 2, 5, 7, 9, 11, 14, 16, 18, 21, 23],
+        [0, 3, 5, 7, 10, 12, 14, 17, 19, 21, 23],
+    ),
+    (
+        23,
+        23,
+        2.3,
+        2.3,
+        False,
+        0,
+        1,
+        [0, 2, 5, 7, 9, 11, 13, 15, 18, 20, 23],
+        [0, 3, 5, 8, 10, 12, 14, 16, 18, 21, 23],
+    ),
     (13, 7, 3.3166248, 2.6457513, False, -1, 5, [0, 5, 9, 13], [0, 3, 7]),
     (13, 7, 3.3166248, 2.6457513, True, -1, 5, [0, 4, 9, 13], [0, 4, 7]),
-    (32, 32, 1.5, 1.5, False, 87654321, 5,
-     [0, 2, 3, 4, 6, 8, 9, 11, 12, 13, 15, 16, 17, 18, 20, 22, 24, 26, 27, 29, 31, 32],
-     [0, 1, 3, 5, 6, 7, 9, 11, 13, 15, 17, 18, 20, 22, 23, 24, 25, 26, 27, 28, 30, 32]),
-    (32, 32, 1.5, 1.5, True, 87654321, 5,
-     [0, 1, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19, 21, 23, 24, 26, 27, 29, 30, 32],
-     [0, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16, 17, 19, 20, 22, 23, 25, 26, 28, 29, 31, 32]),
+    (
+        32,
+        32,
+        1.5,
+        1.5,
+        False,
+        87654321,
+        5,
+        [0, 2, 3, 4, 6, 8, 9, 11, 12, 13, 15, 16, 17, 18, 20, 22, 24, 26, 27, 29, 31, 32],
+        [0, 1, 3, 5, 6, 7, 9, 11, 13, 15, 17, 18, 20, 22, 23, 24, 25, 26, 27, 28, 30, 32],
+    ),
+    (
+        32,
+        32,
+        1.5,
+        1.5,
+        True,
+        87654321,
+        5,
+        [0, 1, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19, 21, 23, 24, 26, 27, 29, 30, 32],
+        [0, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16, 17, 19, 20, 22, 23, 25, 26, 28, 29, 31, 32],
+    ),
     (6, 6, 1.41421354, 1.41421354, False, 341261001, 0, [0, 2, 3, 4, 6], [0, 2, 4, 5, 6]),
 ]
 
@@ -59,19 +110,31 @@ def _random_configs(n, seed):
         H, W = int(rng.integers(1, 70)), int(rng.integers(1, 70))
         rr = float(rng.uniform(1.0, min(H, 6.5))) if rng.random() < 0.9 else float(min(H, 2))
         rc = float(rng.uniform(1.0, min(W, 6.5))) if rng.random() < 0.9 else 1.0
-        seed_choices = [int(rng.integers(-2**62, 2**62)), int(rng.integers(0, 2**31)), 0, -1]
-        yield (H, W, rr, rc, bool(rng.integers(2)), bool(rng.integers(2)),
-               seed_choices[int(rng.integers(4))], int(rng.integers(0, 2**40)) or 1)
+        seed_choices = [int(rng.integers(-(2**62), 2**62)), int(rng.integers(0, 2**31)), 0, -1]
+        yield (
+            H,
+            W,
+            rr,
+            rc,
+            bool(rng.integers(2)),
+            bool(rng.integers(2)),
+            seed_choices[int(rng.integers(4))],
+            int(rng.integers(0, 2**40)) or 1,
+        )
 
 
-@pytest.mark.parametrize("cfg", list(_random_configs(150, 7)), ids=lambda c: "x".join(map(str, c[:2])))
+@pytest.mark.parametrize(
+    "cfg", list(_random_configs(150, 7)), ids=lambda c: "x".join(map(str, c[:2]))
+)
 def test_sequences_match_the_reference_generator(cfg):
     H, W, rr, rc, pseudo, _ov, seed, seed2 = cfg
     ratio = [1.0, rr, rc, 1.0]
-    _, rows, cols = T.fractional_avg_pool(torch.zeros(1, H, W, 1), ratio, pseudo, False, True,
-                                          seed, seed2)
-    ref_rows, ref_cols = R.fractional_sequences(H, W, [1, np.float32(rr), np.float32(rc), 1],
-                                                pseudo, seed, seed2)
+    _, rows, cols = T.fractional_avg_pool(
+        torch.zeros(1, H, W, 1), ratio, pseudo, False, True, seed, seed2
+    )
+    ref_rows, ref_cols = R.fractional_sequences(
+        H, W, [1, np.float32(rr), np.float32(rc), 1], pseudo, seed, seed2
+    )
     assert rows.tolist() == ref_rows and cols.tolist() == ref_cols
     assert rows[-1] == H and cols[-1] == W and (rows.diff() > 0).all()
 
@@ -85,7 +148,9 @@ def _value(shape, dtype, gen):
 
 
 @pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=str)
-@pytest.mark.parametrize("cfg", list(_random_configs(12, 11)), ids=lambda c: "x".join(map(str, c[:2])))
+@pytest.mark.parametrize(
+    "cfg", list(_random_configs(12, 11)), ids=lambda c: "x".join(map(str, c[:2]))
+)
 @pytest.mark.parametrize("C", [1, 5, 8, 40])
 def test_pool_and_grads_bit_exact_with_reference(dtype, cfg, C):
     H, W, rr, rc, pseudo, ov, seed, seed2 = cfg
@@ -102,8 +167,9 @@ def test_pool_and_grads_bit_exact_with_reference(dtype, cfg, C):
     g = T.fractional_avg_pool_grad(x.shape, dy, rows, cols, ov)
     assert np.array_equal(g.numpy(), R.fractional_avg_pool_grad_ref(x.shape, dy.numpy(), r, c, ov))
     mg = T.fractional_max_pool_grad(x, mx, dy, rows, cols, ov)
-    assert np.array_equal(mg.numpy(), R.fractional_max_pool_grad_ref(x.numpy(), mx.numpy(),
-                                                                     dy.numpy(), r, c, ov))
+    assert np.array_equal(
+        mg.numpy(), R.fractional_max_pool_grad_ref(x.numpy(), mx.numpy(), dy.numpy(), r, c, ov)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -119,12 +185,19 @@ def test_half_types_accumulate_in_float(dtype):
     assert torch.equal(mx.float(), torch.from_numpy(ref))
     dy = torch.randn(out.shape).to(dtype)
     g = T.fractional_avg_pool_grad(x.shape, dy, rows, cols, True)
-    ref = R.fractional_avg_pool_grad_ref(x.shape, dy.double().numpy(), rows.tolist(),
-                                         cols.tolist(), True)
+    ref = R.fractional_avg_pool_grad_ref(
+        x.shape, dy.double().numpy(), rows.tolist(), cols.tolist(), True
+    )
     torch.testing.assert_close(g.double(), torch.from_numpy(ref), rtol=1e-2, atol=1e-2)
     mg = T.fractional_max_pool_grad(x, mx, dy, rows, cols, True)
-    ref = R.fractional_max_pool_grad_ref(x.float().numpy(), mx.float().numpy(),
-                                         dy.float().numpy(), rows.tolist(), cols.tolist(), True)
+    ref = R.fractional_max_pool_grad_ref(
+        x.float().numpy(),
+        mx.float().numpy(),
+        dy.float().numpy(),
+        rows.tolist(),
+        cols.tolist(),
+        True,
+    )
     torch.testing.assert_close(mg.float(), torch.from_numpy(ref), rtol=1e-2, atol=1e-2)
 
 
@@ -134,15 +207,22 @@ def test_tensorflow_doc_examples():
     out, rows, cols = T.fractional_avg_pool(v, [1, 1, 2, 1], False, True, True, 1, 0)
     assert cols.tolist() == [0, 2, 5] and rows.tolist() == [0, 1]
     assert out.flatten().tolist() == [np.float32(41 / 3), np.float32(26 / 3)]
-    assert T.fractional_max_pool(v, [1, 1, 2, 1], False, True, True, 1, 0)[0].flatten().tolist() == [20, 16]
-    g = T.fractional_avg_pool_grad([1, 1, 5, 1], torch.full((1, 1, 2, 1), 3.0), [0, 1], [0, 2, 4], True)
+    assert T.fractional_max_pool(v, [1, 1, 2, 1], False, True, True, 1, 0)[
+        0
+    ].flatten().tolist() == [20, 16]
+    g = T.fractional_avg_pool_grad(
+        [1, 1, 5, 1], torch.full((1, 1, 2, 1), 3.0), [0, 1], [0, 2, 4], True
+    )
     assert g.flatten().tolist() == [1, 1, 2, 1, 1]
 
 
-@pytest.mark.parametrize("overlapping,expected", [
-    (False, [[12, 0, 0, 15], [0, 0, -5, 0], [17, 0, 0, 0], [6, 0, 21, 0]]),
-    (True, [[0, 0, 0, 0], [0, 0, 39, 0], [0, 0, 0, 0], [6, 0, 21, 0]]),
-])
+@pytest.mark.parametrize(
+    "overlapping,expected",
+    [
+        (False, [[12, 0, 0, 15], [0, 0, -5, 0], [17, 0, 0, 0], [6, 0, 21, 0]]),
+        (True, [[0, 0, 0, 0], [0, 0, 39, 0], [0, 0, 0, 0], [6, 0, 21, 0]]),
+    ],
+)
 def test_max_grad_ties_like_tensorflow(overlapping, expected):
     # TF's testWhenRepeatedMaxValueInPoolingRegion.
     x = torch.tensor([[5, 4, 6, 7], [3, 5, 9, 6], [8, 8, 9, 5], [7, 4, 0, 0]], dtype=torch.float32)
@@ -187,12 +267,16 @@ def test_zero_seeds_follow_torch_generator():
 
 def test_strided_inputs_read_in_place():
     base = torch.randn(3, 20, 22, 12)
-    ratio, kw = [1, 1.7, 1.4, 1], dict(pseudo_random=True, overlapping=True, deterministic=True,
-                                       seed=4, seed2=2)
-    views = [base[::2, 1:18, 2:21, :],                       # sliced batch/rows/cols
-             base.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3),  # H/W strides swapped
-             base.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1),  # channels not innermost
-             base.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)]
+    ratio, kw = (
+        [1, 1.7, 1.4, 1],
+        dict(pseudo_random=True, overlapping=True, deterministic=True, seed=4, seed2=2),
+    )
+    views = [
+        base[::2, 1:18, 2:21, :],  # sliced batch/rows/cols
+        base.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3),  # H/W strides swapped
+        base.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1),  # channels not innermost
+        base.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1),
+    ]
     for v in views:
         for op in (T.fractional_avg_pool, T.fractional_max_pool):
             out, rows, cols = op(v, ratio, **kw)
@@ -200,7 +284,9 @@ def test_strided_inputs_read_in_place():
             assert torch.equal(out, ref) and out.is_contiguous()
         dy = torch.randn(out.shape).permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
         g = T.fractional_avg_pool_grad(v.shape, dy, rows, cols, True)
-        assert torch.equal(g, T.fractional_avg_pool_grad(v.shape, dy.contiguous(), rows, cols, True))
+        assert torch.equal(
+            g, T.fractional_avg_pool_grad(v.shape, dy.contiguous(), rows, cols, True)
+        )
 
 
 def test_orig_shape_as_tensor_list_or_size():
@@ -225,8 +311,9 @@ def _distinct(shape, seed):
 @pytest.mark.parametrize("pseudo_random", [False, True])
 def test_gradcheck_and_gradgradcheck(overlapping, pseudo_random):
     ratio = [1, 1.45, 1.8, 1]
-    kw = dict(pseudo_random=pseudo_random, overlapping=overlapping, deterministic=True, seed=9,
-              seed2=3)
+    kw = dict(
+        pseudo_random=pseudo_random, overlapping=overlapping, deterministic=True, seed=9, seed2=3
+    )
     x = _distinct((2, 7, 9, 3), 0)
     avg = lambda v: T.fractional_avg_pool(v, ratio, **kw)[0]  # noqa: E731
     mx = lambda v: T.fractional_max_pool(v, ratio, **kw)[0]  # noqa: E731
@@ -271,8 +358,10 @@ def _op_samples():
             g = torch.randn(x.shape, dtype=torch.float64, requires_grad=rg)
             yield "_fractional_avg_pool_grad_backward", (g, rows, cols, ov)
             yield "_fractional_max_pool_grad_backward", (x, out, g, rows, cols, ov)
-    yield "fractional_avg_pool", (torch.randn(1, 9, 9, 4)[:, 1:, :, :], [1.0, 2.0, 1.5, 1.0],
-                                  False, False, True, 1, 1)
+    yield (
+        "fractional_avg_pool",
+        (torch.randn(1, 9, 9, 4)[:, 1:, :, :], [1.0, 2.0, 1.5, 1.0], False, False, True, 1, 1),
+    )
     yield "fractional_pooling_sequence", (17, 9, True, 5, 6)
 
 
@@ -290,7 +379,7 @@ def test_modules_keep_sequences_and_tf_arguments():
     ref = T.fractional_max_pool(x, [1, 1.5, 1.5, 1], False, False, True, 3, 4)
     assert torch.equal(y, ref[0]) and torch.equal(m.row_pooling_sequence, ref[1])
     a = T.nn.FractionalAvgPool2d((1.5, 2.0), overlapping=True, deterministic=True)  # zero seeds
-    assert a.seed != 0 and torch.equal(a(x), a(x))       # fixed per module, like a TF kernel
+    assert a.seed != 0 and torch.equal(a(x), a(x))  # fixed per module, like a TF kernel
     assert a.col_pooling_sequence.tolist() == [0, 2, 4, 6, 8, 10, 12]
     with pytest.raises(NotImplementedError, match="batch nor channel"):
         T.nn.FractionalAvgPool2d([2, 1.5, 1.5, 1])(x)
@@ -298,7 +387,9 @@ def test_modules_keep_sequences_and_tf_arguments():
 
 # ---- devices -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.int64, torch.float16], ids=str
+)
 def test_device_matches_cpu_bit_for_bit(device, dtype):
     x = _value((3, 23, 19, 37), dtype, torch.Generator().manual_seed(0))
     ratio = [1, 1.44, 1.73, 1]
@@ -337,23 +428,29 @@ def test_max_grad_vector_path_equals_scalar_path_on_ties_nan_inf(overlapping, C)
     dy = torch.randn(out.shape, generator=g)
     dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
     gin = torch.randn(x.shape, generator=g)
-    back = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, out, gin, rows, cols,
-                                                                overlapping)
+    back = torch.ops.tfgrads._fractional_max_pool_grad_backward(
+        x, out, gin, rows, cols, overlapping
+    )
     for c in range(C):
-        xc = x[..., c:c + 1].contiguous()
+        xc = x[..., c : c + 1].contiguous()
         yc = T.fractional_max_pool(xc, [1, 1.6, 1.4, 1], False, overlapping, True, 5, 6)[0]
-        assert torch.equal(yc, out[..., c:c + 1])
-        dxc = T.fractional_max_pool_grad(xc, yc, dy[..., c:c + 1].contiguous(), rows, cols,
-                                         overlapping)
-        assert torch.equal(dxc, dx[..., c:c + 1]), c
+        assert torch.equal(yc, out[..., c : c + 1])
+        dxc = T.fractional_max_pool_grad(
+            xc, yc, dy[..., c : c + 1].contiguous(), rows, cols, overlapping
+        )
+        assert torch.equal(dxc, dx[..., c : c + 1]), c
         backc = torch.ops.tfgrads._fractional_max_pool_grad_backward(
-            xc, yc, gin[..., c:c + 1].contiguous(), rows, cols, overlapping)
-        assert torch.equal(backc, back[..., c:c + 1]), c
+            xc, yc, gin[..., c : c + 1].contiguous(), rows, cols, overlapping
+        )
+        assert torch.equal(backc, back[..., c : c + 1]), c
 
 
 @pytest.mark.parametrize("overlapping", [False, True])
-@pytest.mark.parametrize("ratio", [(1.0, 1.0), (1.2, 1.44), (1.73, 1.3), (1.99, 1.99), (2.5, 1.5),
-                                   (1.44, 3.1), (4.2, 2.0)], ids=str)
+@pytest.mark.parametrize(
+    "ratio",
+    [(1.0, 1.0), (1.2, 1.44), (1.73, 1.3), (1.99, 1.99), (2.5, 1.5), (1.44, 3.1), (4.2, 2.0)],
+    ids=str,
+)
 @pytest.mark.parametrize("C", [24, 32])  # 32: the AVX-512 gradient where the CPU has it
 def test_max_grad_every_cell_shape_against_reference(ratio, overlapping, C):
     """Cells up to 3x3 run straight-line code per cell-row height and widest cell (narrower
@@ -364,19 +461,24 @@ def test_max_grad_every_cell_shape_against_reference(ratio, overlapping, C):
     x = torch.randint(-2, 3, (2, 23, 19, C), generator=g).float()
     for pseudo in (False, True):
         out, rows, cols = T.fractional_max_pool(x, [1, *ratio, 1], pseudo, overlapping, True, 3, 4)
-        assert np.array_equal(out.numpy(), R.fractional_pool_ref(
-            x.numpy(), rows.tolist(), cols.tolist(), overlapping, "max"))
+        assert np.array_equal(
+            out.numpy(),
+            R.fractional_pool_ref(x.numpy(), rows.tolist(), cols.tolist(), overlapping, "max"),
+        )
         dy = torch.randn(out.shape, generator=g)
         dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
-        ref = R.fractional_max_pool_grad_ref(x.numpy(), out.numpy(), dy.numpy(), rows.tolist(),
-                                             cols.tolist(), overlapping)
+        ref = R.fractional_max_pool_grad_ref(
+            x.numpy(), out.numpy(), dy.numpy(), rows.tolist(), cols.tolist(), overlapping
+        )
         assert np.array_equal(dx.numpy(), ref)
         # Its double backward is the adjoint: each output element takes grad at its argmax.
         gin = torch.randn(x.shape, generator=g)
-        back = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, out, gin, rows, cols,
-                                                                    overlapping)
-        assert torch.equal(back, _select_at_argmax(x, gin, rows.tolist(), cols.tolist(),
-                                                   overlapping))
+        back = torch.ops.tfgrads._fractional_max_pool_grad_backward(
+            x, out, gin, rows, cols, overlapping
+        )
+        assert torch.equal(
+            back, _select_at_argmax(x, gin, rows.tolist(), cols.tolist(), overlapping)
+        )
 
 
 def _select_at_argmax(x, gin, rows, cols, overlapping):
@@ -387,9 +489,9 @@ def _select_at_argmax(x, gin, rows, cols, overlapping):
         r1 = min(rows[i + 1] if overlapping else rows[i + 1] - 1, H - 1)
         for j in range(len(cols) - 1):
             c1 = min(cols[j + 1] if overlapping else cols[j + 1] - 1, W - 1)
-            cell = x[:, rows[i]:r1 + 1, cols[j]:c1 + 1].reshape(N, -1, C)
+            cell = x[:, rows[i] : r1 + 1, cols[j] : c1 + 1].reshape(N, -1, C)
             k = cell.argmax(dim=1)  # torch.argmax returns the first maximal index
-            gcell = gin[:, rows[i]:r1 + 1, cols[j]:c1 + 1].reshape(N, -1, C)
+            gcell = gin[:, rows[i] : r1 + 1, cols[j] : c1 + 1].reshape(N, -1, C)
             out[:, i, j] = gcell.gather(1, k.unsqueeze(1)).squeeze(1)
     return out
 
@@ -405,14 +507,16 @@ def test_max_grad_large_float_input_streams_same_values(overlapping, C):
     out, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.73, 1], False, overlapping, True, 1, 2)
     dy = torch.randint(1, 9, out.shape, generator=g).float()
     dx = T.fractional_max_pool_grad(x, out, dy, rows, cols, overlapping)
-    dx64 = T.fractional_max_pool_grad(x.double(), out.double(), dy.double(), rows, cols,
-                                      overlapping)
+    dx64 = T.fractional_max_pool_grad(
+        x.double(), out.double(), dy.double(), rows, cols, overlapping
+    )
     assert dx.numel() * 4 > 4 << 20
     assert torch.equal(dx, dx64.float())
     assert dx.sum() == dy.sum()  # every cell's gradient lands exactly once
     if overlapping:
-        ref = R.fractional_max_pool_grad_ref(x[:1].numpy(), out[:1].numpy(), dy[:1].numpy(),
-                                             rows.tolist(), cols.tolist(), True)
+        ref = R.fractional_max_pool_grad_ref(
+            x[:1].numpy(), out[:1].numpy(), dy[:1].numpy(), rows.tolist(), cols.tolist(), True
+        )
         assert np.array_equal(dx[:1].numpy(), ref)
     else:
         assert (dx != 0).sum() == (dy != 0).sum()  # one element per cell and channel
@@ -451,12 +555,14 @@ def test_grads_with_rows_and_columns_no_cell_covers(overlapping, C):
     dy = torch.randn(y.shape, generator=g)
     r, c = torch.tensor(rows), torch.tensor(cols)
     avg = T.fractional_avg_pool_grad(x.shape, dy, r, c, overlapping)
-    assert np.array_equal(avg.numpy(), R.fractional_avg_pool_grad_ref(x.shape, dy.numpy(), rows,
-                                                                       cols, overlapping))
+    assert np.array_equal(
+        avg.numpy(), R.fractional_avg_pool_grad_ref(x.shape, dy.numpy(), rows, cols, overlapping)
+    )
     mx = T.fractional_max_pool_grad(x, y, dy, r, c, overlapping)
-    assert np.array_equal(mx.numpy(), R.fractional_max_pool_grad_ref(x.numpy(), y.numpy(),
-                                                                     dy.numpy(), rows, cols,
-                                                                     overlapping))
+    assert np.array_equal(
+        mx.numpy(),
+        R.fractional_max_pool_grad_ref(x.numpy(), y.numpy(), dy.numpy(), rows, cols, overlapping),
+    )
     for grad in (avg, mx):
         assert not grad[:, 0].any() and not grad[:, :, :2].any()
 
@@ -468,9 +574,14 @@ def _max_grad_cases():
     a dx beyond 4 MiB (non-temporal stores), and orig_outputs off by one lane (errors)."""
     g = torch.Generator().manual_seed(2024)
     cases = []
-    for shape, ratio in [((2, 23, 19, 16), (1.44, 1.73)), ((2, 17, 29, 32), (1.2, 2.6)),
-                         ((1, 31, 37, 48), (2.5, 1.5)), ((1, 13, 11, 80), (1.73, 1.3)),
-                         ((1, 40, 44, 16), (4.2, 2.0)), ((4, 96, 96, 32), (1.44, 1.73))]:
+    for shape, ratio in [
+        ((2, 23, 19, 16), (1.44, 1.73)),
+        ((2, 17, 29, 32), (1.2, 2.6)),
+        ((1, 31, 37, 48), (2.5, 1.5)),
+        ((1, 13, 11, 80), (1.73, 1.3)),
+        ((1, 40, 44, 16), (4.2, 2.0)),
+        ((4, 96, 96, 32), (1.44, 1.73)),
+    ]:
         for ov in (False, True):
             x = torch.randint(-3, 4, shape, generator=g).float()
             y, rows, cols = T.fractional_max_pool(x, [1, *ratio, 1], False, ov, True, 5, 6)

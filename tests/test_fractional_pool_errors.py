@@ -2,6 +2,7 @@
 (same type, same message) for every bad input whose fault is visible without reading tensor
 values; each kind of mistake has its exception type, eagerly and under torch.compile; the nn
 modules name their own arguments."""
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -38,15 +39,30 @@ def fmp(value, ratio, **kw):
 
 
 def fapg(shape, dy, rows, cols, **kw):
-    return T.fractional_avg_pool_grad, dict(orig_input_tensor_shape=shape, out_backprop=dy,
-                                            row_pooling_sequence=rows,
-                                            col_pooling_sequence=cols), kw
+    return (
+        T.fractional_avg_pool_grad,
+        dict(
+            orig_input_tensor_shape=shape,
+            out_backprop=dy,
+            row_pooling_sequence=rows,
+            col_pooling_sequence=cols,
+        ),
+        kw,
+    )
 
 
 def fmpg(x, y, dy, rows, cols, **kw):
-    return T.fractional_max_pool_grad, dict(orig_input=x, orig_output=y, out_backprop=dy,
-                                            row_pooling_sequence=rows,
-                                            col_pooling_sequence=cols), kw
+    return (
+        T.fractional_max_pool_grad,
+        dict(
+            orig_input=x,
+            orig_output=y,
+            out_backprop=dy,
+            row_pooling_sequence=rows,
+            col_pooling_sequence=cols,
+        ),
+        kw,
+    )
 
 
 def seq(n_in, n_out, **kw):
@@ -54,14 +70,25 @@ def seq(n_in, n_out, **kw):
 
 
 def avg_back(grad, rows, cols):
-    return OPS._fractional_avg_pool_grad_backward, dict(grad=grad, row_pooling_sequence=rows,
-                                                        col_pooling_sequence=cols), {}
+    return (
+        OPS._fractional_avg_pool_grad_backward,
+        dict(grad=grad, row_pooling_sequence=rows, col_pooling_sequence=cols),
+        {},
+    )
 
 
 def max_back(x, y, grad, rows, cols):
-    return OPS._fractional_max_pool_grad_backward, dict(
-        orig_input=x, orig_output=y, grad=grad, row_pooling_sequence=rows,
-        col_pooling_sequence=cols), {}
+    return (
+        OPS._fractional_max_pool_grad_backward,
+        dict(
+            orig_input=x,
+            orig_output=y,
+            grad=grad,
+            row_pooling_sequence=rows,
+            col_pooling_sequence=cols,
+        ),
+        {},
+    )
 
 
 y22 = torch.tensor([[[[5.0], [7.0]], [[13.0], [15.0]]]])
@@ -75,21 +102,33 @@ EXTRA = {
     "FAP ratio len 2": (fap(o(1, 4, 4, 1), [1.5, 1.5]), ValueError),
     "FAPG orig list of 3": (fapg([1, 4, 4], o(1, 2, 2, 1), S024, S024), ValueError),
     "FAPG orig list negative": (fapg([1, 4, -4, 1], o(1, 2, 2, 1), S024, S024), ValueError),
-    "FAPG bool out_backprop": (fapg([1, 4, 4, 1], o(1, 2, 2, 1, dtype=torch.bool), S024, S024),
-                               TypeError),
-    "FAPG int32 row seq": (fapg([1, 4, 4, 1], o(1, 2, 2, 1), L(0, 2, 4, dtype=I32), S024),
-                           TypeError),
-    "FAPG int32 col seq, short row seq": (fapg([1, 4, 4, 1], o(1, 2, 2, 1), L(0, 2),
-                                               L(0, 2, 4, dtype=I32)), TypeError),
+    "FAPG bool out_backprop": (
+        fapg([1, 4, 4, 1], o(1, 2, 2, 1, dtype=torch.bool), S024, S024),
+        TypeError,
+    ),
+    "FAPG int32 row seq": (
+        fapg([1, 4, 4, 1], o(1, 2, 2, 1), L(0, 2, 4, dtype=I32), S024),
+        TypeError,
+    ),
+    "FAPG int32 col seq, short row seq": (
+        fapg([1, 4, 4, 1], o(1, 2, 2, 1), L(0, 2), L(0, 2, 4, dtype=I32)),
+        TypeError,
+    ),
     "FMPG float64 orig_output": (fmpg(ar16, y22.double(), o(1, 2, 2, 1), S024, S024), TypeError),
     "FMPG int32 out_backprop": (fmpg(ar16, y22, o(1, 2, 2, 1, dtype=I32), S024, S024), TypeError),
-    "FMPG bool orig_input": (fmpg(ar16.bool(), y22.bool(), o(1, 2, 2, 1, dtype=torch.bool), S024,
-                                  S024), TypeError),
-    "FMPG int32 col seq, short row seq": (fmpg(ar16, y22, o(1, 2, 2, 1), L(0, 2),
-                                               L(0, 2, 4, dtype=I32)), TypeError),
+    "FMPG bool orig_input": (
+        fmpg(ar16.bool(), y22.bool(), o(1, 2, 2, 1, dtype=torch.bool), S024, S024),
+        TypeError,
+    ),
+    "FMPG int32 col seq, short row seq": (
+        fmpg(ar16, y22, o(1, 2, 2, 1), L(0, 2), L(0, 2, 4, dtype=I32)),
+        TypeError,
+    ),
     "FMPG col seq too long": (fmpg(ar16, y22, o(1, 2, 2, 1), S024, L(0, 1, 2, 4)), RuntimeError),
-    "FMPG orig_output depth 2": (fmpg(ar16, o(1, 2, 2, 2), o(1, 2, 2, 2), S024, S024),
-                                 RuntimeError),
+    "FMPG orig_output depth 2": (
+        fmpg(ar16, o(1, 2, 2, 2), o(1, 2, 2, 2), S024, S024),
+        RuntimeError,
+    ),
     "sequence output_length 0": (seq(5, 0), ValueError),
     "sequence output_length > input_length": (seq(5, 6), ValueError),
     "avg back grad 3-D": (avg_back(o(4, 4, 1), S024, S024), RuntimeError),
@@ -98,15 +137,17 @@ EXTRA = {
     "avg back int32 col seq": (avg_back(o(1, 4, 4, 1), S024, L(0, 2, 4, dtype=I32)), TypeError),
     "avg back grad without rows": (avg_back(o(1, 0, 4, 1), S024, S024), RuntimeError),
     "avg back seq beyond grad": (avg_back(o(1, 4, 4, 1), L(0, 2, 5), S024), RuntimeError),
-    "max back orig_output rank 3": (max_back(ar16, o(2, 2, 1), o(1, 4, 4, 1), S024, S024),
-                                    RuntimeError),
+    "max back orig_output rank 3": (
+        max_back(ar16, o(2, 2, 1), o(1, 4, 4, 1), S024, S024),
+        RuntimeError,
+    ),
     "max back grad shape": (max_back(ar16, y22, o(1, 2, 2, 1), S024, S024), RuntimeError),
-    "max back grad dtype": (max_back(ar16, y22, o(1, 4, 4, 1, dtype=torch.float64), S024, S024),
-                            RuntimeError),
-    "max back orig_output int32": (max_back(ar16, y22.int(), o(1, 4, 4, 1), S024, S024),
-                                   TypeError),
-    "max back decreasing seq": (max_back(ar16, y22, o(1, 4, 4, 1), L(0, 3, 2), S024),
-                                RuntimeError),
+    "max back grad dtype": (
+        max_back(ar16, y22, o(1, 4, 4, 1, dtype=torch.float64), S024, S024),
+        RuntimeError,
+    ),
+    "max back orig_output int32": (max_back(ar16, y22.int(), o(1, 4, 4, 1), S024, S024), TypeError),
+    "max back decreasing seq": (max_back(ar16, y22, o(1, 4, 4, 1), L(0, 3, 2), S024), RuntimeError),
 }
 
 CASES = {name: (fn, args, kw, error_type(name)) for name, (_, fn, args, kw) in BAD_INPUTS.items()}
@@ -120,7 +161,7 @@ DATA_DEPENDENT = {
     "78 FAPG row seq beyond input": "row_pooling_sequence values run past the input's rows",
     "79 FAPG decreasing seq": "row_pooling_sequence values are not increasing",
     "93 FMPG orig_output inconsistent with input": "orig_output's values are not the maxima of "
-                                                   "orig_input's cells",
+    "orig_input's cells",
     "avg back seq beyond grad": "row_pooling_sequence values run past grad's rows",
     "max back decreasing seq": "row_pooling_sequence values are not increasing",
 }
@@ -131,8 +172,12 @@ def fake_args(args, mode):
     reads the sizes with tolist), so a well-formed one goes in as the list it holds."""
     out = {}
     for k, v in args.items():
-        if k == "orig_input_tensor_shape" and isinstance(v, torch.Tensor) and v.dim() == 1 \
-                and v.numel() == 4:
+        if (
+            k == "orig_input_tensor_shape"
+            and isinstance(v, torch.Tensor)
+            and v.dim() == 1
+            and v.numel() == 4
+        ):
             v = v.tolist()
         out[k] = mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
     return out
@@ -189,7 +234,8 @@ def test_fake_checks_devices():
             T.fractional_max_pool_grad(x, y, dy, rows, cols)
     assert str(info.value) == (
         "fractional_max_pool_grad: argument 'orig_output' is on cpu but 'orig_input' is on "
-        "cuda:0; all tensors must be on one device")
+        "cuda:0; all tensors must be on one device"
+    )
 
 
 # ---- one case of each kind, eagerly and compiled ----------------------------------------------
@@ -243,8 +289,11 @@ def test_data_dependent_error_compiled_is_the_kernels():
     with pytest.raises(RuntimeError) as eager:
         T.fractional_avg_pool_grad([2, 2, 2, 2], dy, rows, cols, True)
     torch._dynamo.reset()
-    f = torch.compile(lambda d, r, c: T.fractional_avg_pool_grad([2, 2, 2, 2], d, r, c, True),
-                      fullgraph=True, backend="eager")
+    f = torch.compile(
+        lambda d, r, c: T.fractional_avg_pool_grad([2, 2, 2, 2], d, r, c, True),
+        fullgraph=True,
+        backend="eager",
+    )
     with pytest.raises(RuntimeError) as compiled:
         f(dy, rows, cols)
     assert type(compiled.value) is RuntimeError and str(compiled.value) == str(eager.value)
@@ -256,8 +305,9 @@ def test_module_input_errors_name_the_module_arguments(module):
     name = module.__name__
     with pytest.raises(RuntimeError) as info:
         module(1.5)(torch.randn(4, 6, 6))
-    assert str(info.value).startswith(f"{name}: argument 'x' must be a 4-D NHWC tensor, got "
-                                      "shape [4, 6, 6]")
+    assert str(info.value).startswith(
+        f"{name}: argument 'x' must be a 4-D NHWC tensor, got shape [4, 6, 6]"
+    )
     # Arguments the module hands to the op unchanged: the op's message.
     with pytest.raises(NotImplementedError, match="batch nor channel"):
         module([2, 1.5, 1.5, 1])(torch.randn(4, 6, 6, 1))
@@ -266,14 +316,17 @@ def test_module_input_errors_name_the_module_arguments(module):
 
 
 @pytest.mark.parametrize("module", [T.nn.FractionalAvgPool2d, T.nn.FractionalMaxPool2d])
-@pytest.mark.parametrize("kw, argument", [
-    ({"pooling_ratio": [1.0, 1.5, 1.5]}, "pooling_ratio"),
-    ({"pooling_ratio": 0.5}, "pooling_ratio"),
-    ({"pooling_ratio": (1.5, float("nan"))}, "pooling_ratio"),
-    ({"pooling_ratio": "1.5x"}, "pooling_ratio"),
-    ({"pooling_ratio": 1.5, "seed": 3}, "seed"),
-    ({"pooling_ratio": 1.5, "seed2": 3}, "seed"),
-])
+@pytest.mark.parametrize(
+    "kw, argument",
+    [
+        ({"pooling_ratio": [1.0, 1.5, 1.5]}, "pooling_ratio"),
+        ({"pooling_ratio": 0.5}, "pooling_ratio"),
+        ({"pooling_ratio": (1.5, float("nan"))}, "pooling_ratio"),
+        ({"pooling_ratio": "1.5x"}, "pooling_ratio"),
+        ({"pooling_ratio": 1.5, "seed": 3}, "seed"),
+        ({"pooling_ratio": 1.5, "seed2": 3}, "seed"),
+    ],
+)
 def test_module_constructor_errors(module, kw, argument):
     with pytest.raises(ValueError) as info:
         module(**kw)

@@ -1,5 +1,6 @@
 """fused_batch_norm_v3 / fused_batch_norm_grad_v3 against the float64 reference: layouts, dtypes,
 strides, edge cases, autograd (gradcheck / gradgradcheck), opcheck and the nn module."""
+
 import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
@@ -41,8 +42,15 @@ def check_forward(x, scale, offset, mean, var, eps, factor, fmt, training):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("fmt,shape", [("NHWC", (3, 5, 6, 19)), ("NCHW", (3, 19, 5, 6)),
-                                       ("NDHWC", (2, 3, 4, 5, 11)), ("NCDHW", (2, 11, 3, 4, 5))])
+@pytest.mark.parametrize(
+    "fmt,shape",
+    [
+        ("NHWC", (3, 5, 6, 19)),
+        ("NCHW", (3, 19, 5, 6)),
+        ("NDHWC", (2, 3, 4, 5, 11)),
+        ("NCDHW", (2, 11, 3, 4, 5)),
+    ],
+)
 @pytest.mark.parametrize("training,factor", [(True, 1.0), (True, 0.3), (False, 1.0)])
 def test_forward_and_grad_match_reference(device, dtype, fmt, shape, training, factor):
     x, scale, offset, mean, var = make_inputs(shape, fmt, dtype, device)
@@ -50,9 +58,12 @@ def test_forward_and_grad_match_reference(device, dtype, fmt, shape, training, f
     dy = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     dy = dy.to(dtype).to(device)
     rs1, rs2 = (out[3], out[4]) if training else (mean, var)
-    dx, dscale, doffset, rs4, rs5 = T.fused_batch_norm_grad_v3(dy, x, scale, rs1, rs2, out[5], 1e-3,
-                                                               fmt, training)
-    edx, edscale, edoffset = ref.fused_batch_norm_grad_v3(dy, x, scale, rs1, rs2, 1e-3, fmt, training)
+    dx, dscale, doffset, rs4, rs5 = T.fused_batch_norm_grad_v3(
+        dy, x, scale, rs1, rs2, out[5], 1e-3, fmt, training
+    )
+    edx, edscale, edoffset = ref.fused_batch_norm_grad_v3(
+        dy, x, scale, rs1, rs2, 1e-3, fmt, training
+    )
     tol = TOL[dtype]
     assert dx.dtype == dtype and rel_err(dx, edx) <= tol
     assert rel_err(dscale, edscale) <= max(tol, 1e-5 if dtype != torch.float64 else tol)
@@ -88,11 +99,14 @@ def test_channel_counts_and_chunking(C, dtype):
                 assert ((o.double() - e).abs() <= tol * mag).all(), (fmt, training)
 
 
-@pytest.mark.parametrize("fmt,shape", [
-    ("NCHW", (3, 5, 150, 130)),    # planes of 19500: parts of 16384 and 3116 elements
-    ("NCDHW", (2, 3, 4, 70, 70)),  # planes of 19600 over 3 spatial dims
-    ("NHWC", (2, 33, 45, 515)),    # 2970 rows in chunks of 31, the last of 25
-])
+@pytest.mark.parametrize(
+    "fmt,shape",
+    [
+        ("NCHW", (3, 5, 150, 130)),  # planes of 19500: parts of 16384 and 3116 elements
+        ("NCDHW", (2, 3, 4, 70, 70)),  # planes of 19600 over 3 spatial dims
+        ("NHWC", (2, 33, 45, 515)),  # 2970 rows in chunks of 31, the last of 25
+    ],
+)
 def test_statistics_merge_parts_of_unequal_size(fmt, shape):
     # The statistics are per-part moments merged with Chan's formula, for all channels at once:
     # channels-first planes split into parts of unequal size, channels-last chunks with a short
@@ -133,7 +147,10 @@ def test_strided_inputs_use_their_layout_without_copies(fmt):
         C = x.shape[1] if fmt == "NCHW" else x.shape[-1]
         scale, offset = torch.rand(C) + 0.5, torch.randn(C)
         out = check_forward(x, scale, offset, torch.empty(0), torch.empty(0), 1e-4, 1.0, fmt, True)
-        if x.is_contiguous(memory_format=torch.channels_last) or x.permute(0, 3, 1, 2).is_contiguous():
+        if (
+            x.is_contiguous(memory_format=torch.channels_last)
+            or x.permute(0, 3, 1, 2).is_contiguous()
+        ):
             assert out[0].stride() == x.stride()
         dy = torch.randn(x.shape)  # contiguous: different strides from x
         got = T.fused_batch_norm_grad_v3(dy, x, scale, out[3], out[4], out[5], 1e-4, fmt, True)
@@ -154,8 +171,14 @@ def test_single_element_per_channel():
 
 def test_exponential_avg_factor_zero_keeps_running_stats():
     x = torch.tensor([[[[1.0], [3.0]]]])
-    out = T.fused_batch_norm_v3(x, torch.ones(1), torch.zeros(1), torch.tensor([5.0]),
-                                torch.tensor([7.0]), exponential_avg_factor=0.0)
+    out = T.fused_batch_norm_v3(
+        x,
+        torch.ones(1),
+        torch.zeros(1),
+        torch.tensor([5.0]),
+        torch.tensor([7.0]),
+        exponential_avg_factor=0.0,
+    )
     assert out[1].item() == 5.0 and out[2].item() == 7.0
     assert out[3].item() == 2.0 and out[4].item() == 1.0  # batch mean / biased variance
 
@@ -164,17 +187,21 @@ def test_exponential_avg_factor_zero_keeps_running_stats():
 def test_empty_batch(training):
     x = torch.empty(0, 4, 4, 3)
     mean, var = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0, 6.0])
-    y, bm, bv, rs1, rs2, rs3 = T.fused_batch_norm_v3(x, torch.ones(3), torch.zeros(3), mean, var,
-                                                     is_training=training)
+    y, bm, bv, rs1, rs2, rs3 = T.fused_batch_norm_v3(
+        x, torch.ones(3), torch.zeros(3), mean, var, is_training=training
+    )
     assert y.shape == x.shape
     assert torch.isnan(bm).all() and torch.isnan(bv).all()  # TF: NaN statistics
     if training:
         assert torch.isnan(rs1).all() and torch.isnan(rs2).all()
     else:  # defined (TF's Eigen kernel returns uninitialised memory here)
         assert torch.equal(rs1, mean) and torch.equal(rs2, var)
-    dx, ds, do, _, _ = T.fused_batch_norm_grad_v3(torch.empty(0, 4, 4, 3), x, torch.ones(3), mean,
-                                                  var, rs3, is_training=training)
-    assert dx.shape == x.shape and torch.equal(ds, torch.zeros(3)) and torch.equal(do, torch.zeros(3))
+    dx, ds, do, _, _ = T.fused_batch_norm_grad_v3(
+        torch.empty(0, 4, 4, 3), x, torch.ones(3), mean, var, rs3, is_training=training
+    )
+    assert (
+        dx.shape == x.shape and torch.equal(ds, torch.zeros(3)) and torch.equal(do, torch.zeros(3))
+    )
 
 
 def test_zero_channels():
@@ -191,9 +218,14 @@ def test_inference_reserve_spaces_are_defined_copies():
 
 
 # ---- autograd ----------------------------------------------------------------------------------
-GRAD_CASES = [("NHWC", (2, 3, 4, 3), True), ("NCHW", (2, 3, 4, 3), True),
-              ("NHWC", (2, 3, 2, 3), False), ("NCHW", (3, 2, 2, 3), False),
-              ("NCDHW", (2, 2, 2, 3, 2), True), ("NDHWC", (2, 2, 2, 3, 2), False)]
+GRAD_CASES = [
+    ("NHWC", (2, 3, 4, 3), True),
+    ("NCHW", (2, 3, 4, 3), True),
+    ("NHWC", (2, 3, 2, 3), False),
+    ("NCHW", (3, 2, 2, 3), False),
+    ("NCDHW", (2, 2, 2, 3, 2), True),
+    ("NDHWC", (2, 2, 2, 3, 2), False),
+]
 
 
 @pytest.mark.parametrize("fmt,shape,training", GRAD_CASES)
@@ -253,16 +285,27 @@ def test_half_double_backward_matches_float32():
 
 # ---- opcheck -------------------------------------------------------------------------------------
 def _bn_inputs():
-    for fmt, shape, training, factor in [("NHWC", (2, 3, 4, 5), True, 1.0),
-                                         ("NCHW", (2, 5, 3, 4), True, 0.5),
-                                         ("NHWC", (2, 3, 4, 5), False, 1.0),
-                                         ("NDHWC", (1, 2, 3, 2, 4), True, 1.0),
-                                         ("NCHW", (2, 5, 3, 4), False, 1.0)]:
+    for fmt, shape, training, factor in [
+        ("NHWC", (2, 3, 4, 5), True, 1.0),
+        ("NCHW", (2, 5, 3, 4), True, 0.5),
+        ("NHWC", (2, 3, 4, 5), False, 1.0),
+        ("NDHWC", (1, 2, 3, 2, 4), True, 1.0),
+        ("NCHW", (2, 5, 3, 4), False, 1.0),
+    ]:
         x, scale, offset, mean, var = make_inputs(shape, fmt)
         yield x, scale, offset, mean, var, 1e-3, factor, fmt, training
     x, scale, offset, mean, var = make_inputs((2, 5, 3, 4), "NCHW")
-    yield x.contiguous(memory_format=torch.channels_last), scale, offset, mean, var, 1e-3, 1.0, \
-        "NCHW", True
+    yield (
+        x.contiguous(memory_format=torch.channels_last),
+        scale,
+        offset,
+        mean,
+        var,
+        1e-3,
+        1.0,
+        "NCHW",
+        True,
+    )
     yield x[:, :, ::2], scale, offset, mean, var, 1e-3, 1.0, "NCHW", True
 
 
@@ -270,17 +313,25 @@ def opcheck_samples():
     """(op name, args, kwargs) for test_opcheck (and tests/test_registry.py)."""
     for requires_grad in (False, True):
         for x, scale, offset, mean, var, eps, factor, fmt, training in _bn_inputs():
-            x, scale, offset = (t.detach().requires_grad_(requires_grad)
-                                for t in (x, scale, offset))
-            yield "fused_batch_norm_v3", (x, scale, offset, mean, var, eps, factor, fmt,
-                                          training), {}
-            out = T.fused_batch_norm_v3(x.detach(), scale.detach(), offset.detach(), mean, var,
-                                        eps, factor, fmt, training)
+            x, scale, offset = (
+                t.detach().requires_grad_(requires_grad) for t in (x, scale, offset)
+            )
+            yield (
+                "fused_batch_norm_v3",
+                (x, scale, offset, mean, var, eps, factor, fmt, training),
+                {},
+            )
+            out = T.fused_batch_norm_v3(
+                x.detach(), scale.detach(), offset.detach(), mean, var, eps, factor, fmt, training
+            )
             rs1, rs2 = (out[3], out[4]) if training else (mean, var)
             dy = torch.randn(x.shape).requires_grad_(requires_grad)
             xs = x.detach().requires_grad_(requires_grad and not training)
-            yield "fused_batch_norm_grad_v3", (dy, xs, scale, rs1, rs2, out[5], eps, fmt,
-                                               training), {}
+            yield (
+                "fused_batch_norm_grad_v3",
+                (dy, xs, scale, rs1, rs2, out[5], eps, fmt, training),
+                {},
+            )
 
 
 @pytest.mark.parametrize("sample", list(opcheck_samples()), ids=lambda s: s[0])
@@ -296,14 +347,16 @@ def test_module_keras_running_average():
     x = torch.randn(8, 5, 5, 4) * 3 + 2
     m.train()
     y = m(x)
-    exp = ref.fused_batch_norm_v3(x, torch.ones(4), torch.zeros(4), torch.zeros(4), torch.ones(4),
-                                  1e-3, 0.01, "NHWC", True)
+    exp = ref.fused_batch_norm_v3(
+        x, torch.ones(4), torch.zeros(4), torch.zeros(4), torch.ones(4), 1e-3, 0.01, "NHWC", True
+    )
     assert rel_err(y, exp[0]) <= 1e-5
     assert rel_err(m.running_mean, exp[1]) <= 1e-5 and rel_err(m.running_var, exp[2]) <= 1e-5
     m.eval()
     y2 = m(x)
-    exp2 = ref.fused_batch_norm_v3(x, torch.ones(4), torch.zeros(4), m.running_mean,
-                                   m.running_var, 1e-3, 1.0, "NHWC", False)
+    exp2 = ref.fused_batch_norm_v3(
+        x, torch.ones(4), torch.zeros(4), m.running_mean, m.running_var, 1e-3, 1.0, "NHWC", False
+    )
     assert rel_err(y2, exp2[0]) <= 1e-5
 
 
@@ -328,8 +381,9 @@ def test_large_float_forward_streams_same_values(fmt, shape, training):
     mean, var = torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.5
     args = (1e-3, 1.0, fmt, training)
     out = T.fused_batch_norm_v3(x, scale, offset, mean, var, *args)
-    ref64 = T.fused_batch_norm_v3(x.double(), scale.double(), offset.double(), mean.double(),
-                                  var.double(), *args)
+    ref64 = T.fused_batch_norm_v3(
+        x.double(), scale.double(), offset.double(), mean.double(), var.double(), *args
+    )
     assert out[0].numel() * 4 > 8 << 20
     for a, b in zip(out[:3], ref64[:3]):
         assert rel_err(a.double(), b) < 1e-5
@@ -348,8 +402,9 @@ def test_large_float_grad_streams_same_values(fmt, shape):
     mean, var = x.mean(dims), x.var(dims, unbiased=False)
     args = (torch.empty(0), 1e-3, fmt, True)
     out = T.fused_batch_norm_grad_v3(dy, x, scale, mean, var, *args)
-    ref64 = T.fused_batch_norm_grad_v3(dy.double(), x.double(), scale.double(), mean.double(),
-                                       var.double(), *args)
+    ref64 = T.fused_batch_norm_grad_v3(
+        dy.double(), x.double(), scale.double(), mean.double(), var.double(), *args
+    )
     assert out[0].numel() * 4 > 4 << 20
     for a, b in zip(out[:3], ref64[:3]):
         assert rel_err(a.double(), b) < 1e-5

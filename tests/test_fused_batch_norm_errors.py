@@ -1,6 +1,7 @@
 """FusedBatchNorm errors (docs/errors.md): the fake kernels raise what the real kernels raise
 (same type, same message) for every bad input; each kind of mistake has its exception type,
 eagerly and under torch.compile; the nn module names its own arguments."""
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -22,28 +23,79 @@ D, I = torch.float64, torch.int64
 # kind, args, kwargs, the exception type.
 EXTRA = {
     "fwd int64 x": ("fwd", (o(2, 2, 2, 4, dtype=I), o(4), z(4), z(0), z(0)), {}, TypeError),
-    "fwd float64 x, float32 scale": ("fwd", (o(2, 2, 2, 4, dtype=D), o(4), z(4, dtype=D), z(0),
-                                             z(0)), {}, TypeError),
-    "fwd float32 x, float64 offset": ("fwd", (o(2, 2, 2, 4), o(4), z(4, dtype=D), z(0), z(0)), {},
-                                      TypeError),
-    "fwd inference float64 variance": ("fwd", (o(2, 2, 2, 4), o(4), z(4), z(4), o(4, dtype=D)),
-                                       {"is_training": False}, TypeError),
-    "fwd factor 0.5 float16 mean": ("fwd", (o(2, 2, 2, 4), o(4), z(4), z(4, dtype=torch.float16),
-                                            o(4)), {"exponential_avg_factor": 0.5}, TypeError),
-    "fwd data_format lower case": ("fwd", (o(2, 2, 2, 4), o(4), z(4), z(0), z(0)),
-                                   {"data_format": "nhwc"}, ValueError),
-    "fwd NCDHW 5-D scale mismatch": ("fwd", (o(1, 3, 2, 2, 2), o(4), z(4), z(0), z(0)),
-                                     {"data_format": "NCDHW"}, RuntimeError),
-    "bwd bad data_format": ("bwd", (o(2, 2, 2, 4), o(2, 2, 2, 4), o(4), z(4), o(4), z(0)),
-                            {"data_format": "CHWN"}, ValueError),
-    "bwd int32 x": ("bwd", (o(2, 2, 2, 4, dtype=torch.int32), o(2, 2, 2, 4, dtype=torch.int32),
-                            o(4), z(4), o(4), z(0)), {}, TypeError),
-    "bwd y_backprop float64, x float32": ("bwd", (o(2, 2, 2, 4, dtype=D), o(2, 2, 2, 4), o(4),
-                                                  z(4), o(4), z(0)), {}, TypeError),
-    "bwd reserve_space_2 float64": ("bwd", (o(2, 2, 2, 4), o(2, 2, 2, 4), o(4), z(4),
-                                            o(4, dtype=D), z(0)), {}, TypeError),
-    "bwd NCHW rs1 size = last dim": ("bwd", (o(2, 3, 2, 4), o(2, 3, 2, 4), o(3), z(4), o(3), z(0)),
-                                     {"data_format": "NCHW"}, RuntimeError),
+    "fwd float64 x, float32 scale": (
+        "fwd",
+        (o(2, 2, 2, 4, dtype=D), o(4), z(4, dtype=D), z(0), z(0)),
+        {},
+        TypeError,
+    ),
+    "fwd float32 x, float64 offset": (
+        "fwd",
+        (o(2, 2, 2, 4), o(4), z(4, dtype=D), z(0), z(0)),
+        {},
+        TypeError,
+    ),
+    "fwd inference float64 variance": (
+        "fwd",
+        (o(2, 2, 2, 4), o(4), z(4), z(4), o(4, dtype=D)),
+        {"is_training": False},
+        TypeError,
+    ),
+    "fwd factor 0.5 float16 mean": (
+        "fwd",
+        (o(2, 2, 2, 4), o(4), z(4), z(4, dtype=torch.float16), o(4)),
+        {"exponential_avg_factor": 0.5},
+        TypeError,
+    ),
+    "fwd data_format lower case": (
+        "fwd",
+        (o(2, 2, 2, 4), o(4), z(4), z(0), z(0)),
+        {"data_format": "nhwc"},
+        ValueError,
+    ),
+    "fwd NCDHW 5-D scale mismatch": (
+        "fwd",
+        (o(1, 3, 2, 2, 2), o(4), z(4), z(0), z(0)),
+        {"data_format": "NCDHW"},
+        RuntimeError,
+    ),
+    "bwd bad data_format": (
+        "bwd",
+        (o(2, 2, 2, 4), o(2, 2, 2, 4), o(4), z(4), o(4), z(0)),
+        {"data_format": "CHWN"},
+        ValueError,
+    ),
+    "bwd int32 x": (
+        "bwd",
+        (
+            o(2, 2, 2, 4, dtype=torch.int32),
+            o(2, 2, 2, 4, dtype=torch.int32),
+            o(4),
+            z(4),
+            o(4),
+            z(0),
+        ),
+        {},
+        TypeError,
+    ),
+    "bwd y_backprop float64, x float32": (
+        "bwd",
+        (o(2, 2, 2, 4, dtype=D), o(2, 2, 2, 4), o(4), z(4), o(4), z(0)),
+        {},
+        TypeError,
+    ),
+    "bwd reserve_space_2 float64": (
+        "bwd",
+        (o(2, 2, 2, 4), o(2, 2, 2, 4), o(4), z(4), o(4, dtype=D), z(0)),
+        {},
+        TypeError,
+    ),
+    "bwd NCHW rs1 size = last dim": (
+        "bwd",
+        (o(2, 3, 2, 4), o(2, 3, 2, 4), o(3), z(4), o(3), z(0)),
+        {"data_format": "NCHW"},
+        RuntimeError,
+    ),
 }
 
 CASES = {name: (*BAD_INPUTS[name], ERROR_TYPE.get(name, RuntimeError)) for name in BAD_INPUTS}
@@ -141,15 +193,25 @@ def test_module_input_errors_name_the_module_arguments():
         nhwc(torch.ones(2, 3, 3, 4, dtype=torch.int64))  # passes through: the op's message
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"data_format": "HWCN"}, "FusedBatchNorm: argument 'data_format' must be one of "
-                              "['NCDHW', 'NCHW', 'NDHWC', 'NHWC'], got 'HWCN'"),
-    ({"momentum": 1.5}, "FusedBatchNorm: argument 'momentum' must be in [0, 1], got 1.5"),
-    ({"num_features": -1}, "FusedBatchNorm: argument 'num_features' must be a non-negative int, "
-                           "got -1"),
-    ({"num_features": 2.5}, "FusedBatchNorm: argument 'num_features' must be a non-negative "
-                            "int, got 2.5"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            {"data_format": "HWCN"},
+            "FusedBatchNorm: argument 'data_format' must be one of "
+            "['NCDHW', 'NCHW', 'NDHWC', 'NHWC'], got 'HWCN'",
+        ),
+        ({"momentum": 1.5}, "FusedBatchNorm: argument 'momentum' must be in [0, 1], got 1.5"),
+        (
+            {"num_features": -1},
+            "FusedBatchNorm: argument 'num_features' must be a non-negative int, got -1",
+        ),
+        (
+            {"num_features": 2.5},
+            "FusedBatchNorm: argument 'num_features' must be a non-negative int, got 2.5",
+        ),
+    ],
+)
 def test_module_constructor_errors(kw, message):
     kw = {"num_features": 4, **kw}
     with pytest.raises(ValueError) as info:

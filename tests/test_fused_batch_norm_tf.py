@@ -1,6 +1,7 @@
 """fused_batch_norm_v3 / _grad_v3 against TensorFlow 2.21 itself (Eigen path): randomised
 parity of every output and of the second-order gradient, and every FusedBatchNorm bad input of
 TF 2.21's bad-input table (docs/ops/fused_batch_norm.md) run through both TF and us."""
+
 import re
 
 import pytest
@@ -8,10 +9,12 @@ import torch
 
 import torch_tfgrads as T
 from helpers import rel_err
-from torch_tfgrads.parity.fused_batch_norm_tf import (tf_fused_batch_norm_grad_grad,
-                                                      tf_fused_batch_norm_grad_v3,
-                                                      tf_fused_batch_norm_v3)
 from torch_tfgrads.parity.fused_batch_norm_cases import random_cases
+from torch_tfgrads.parity.fused_batch_norm_tf import (
+    tf_fused_batch_norm_grad_grad,
+    tf_fused_batch_norm_grad_v3,
+    tf_fused_batch_norm_v3,
+)
 
 pytestmark = pytest.mark.needs_tf
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -78,37 +81,77 @@ BAD_INPUTS = {
     "FBN3 variance rank 2 (training)": fwd(z(2, 2, 2, 4), o(4), z(4), z(4), z(1, 4)),
     "FBN3 scale size 3 vs C 4": fwd(z(2, 2, 2, 4), o(3), z(4), z(0), z(0)),
     "FBN3 offset size 5 vs C 4": fwd(z(2, 2, 2, 4), o(4), z(5), z(0), z(0)),
-    "FBN3 NCHW scale size = last dim": fwd(z(2, 3, 2, 4), o(4), z(4), z(0), z(0), data_format="NCHW"),
-    "FBN3 inference mean size 3 vs C 4": fwd(z(2, 2, 2, 4), o(4), z(4), z(3), o(4), is_training=False),
+    "FBN3 NCHW scale size = last dim": fwd(
+        z(2, 3, 2, 4), o(4), z(4), z(0), z(0), data_format="NCHW"
+    ),
+    "FBN3 inference mean size 3 vs C 4": fwd(
+        z(2, 2, 2, 4), o(4), z(4), z(3), o(4), is_training=False
+    ),
     "FBN3 inference variance empty": fwd(z(2, 2, 2, 4), o(4), z(4), z(4), o(0), is_training=False),
-    "FBN3 training factor 0.5 mean size 3": fwd(z(2, 2, 2, 4), o(4), z(4), z(3), o(4),
-                                                exponential_avg_factor=0.5),
+    "FBN3 training factor 0.5 mean size 3": fwd(
+        z(2, 2, 2, 4), o(4), z(4), z(3), o(4), exponential_avg_factor=0.5
+    ),
     "FBN3 training factor 1 mean size 3 (ignored)": fwd(o(2, 2, 2, 4), o(4), z(4), z(3), o(7)),
     "FBN3 bad data_format": fwd(z(2, 2, 2, 4), o(4), z(4), z(0), z(0), data_format="HWCN"),
     "FBN3 5-D x with data_format NHWC": fwd(o(1, 2, 2, 2, 4), o(4), z(4), z(0), z(0)),
-    "FBN3 4-D x with data_format NCDHW": fwd(o(1, 4, 2, 2), o(4), z(4), z(0), z(0),
-                                             data_format="NCDHW"),
+    "FBN3 4-D x with data_format NCDHW": fwd(
+        o(1, 4, 2, 2), o(4), z(4), z(0), z(0), data_format="NCDHW"
+    ),
     "FBN2 5-D x NHWC (as V3)": fwd(o(1, 2, 2, 2, 4), o(4), z(4), z(0), z(0)),
-    "FBN3 half scale (U=half)": fwd(z(2, 2, 2, 4, dtype=H), o(4, dtype=H), z(4, dtype=H),
-                                    z(0, dtype=H), z(0, dtype=H)),
-    "FBN3 bf16 x, bf16 U": fwd(z(2, 2, 2, 4, dtype=torch.bfloat16), o(4, dtype=torch.bfloat16),
-                               z(4, dtype=torch.bfloat16), z(0), z(0)),
-    "FBN3 negative epsilon (no check)": fwd(torch.tensor([[[[1.0], [1.0]]]]), o(1), z(1), z(0),
-                                            z(0), epsilon=-1.0),
-    "FBN3 exponential_avg_factor 0": fwd(torch.tensor([[[[1.0], [3.0]]]]), o(1), z(1),
-                                         torch.tensor([5.0]), torch.tensor([7.0]),
-                                         exponential_avg_factor=0.0),
-    "FBN3 inference with factor 0.5 and empty mean": fwd(z(2, 2, 2, 4), o(4), z(4), z(0), z(0),
-                                                         exponential_avg_factor=0.5,
-                                                         is_training=False),
-    "CVE-2021-29583 PoC1 scale size 1 vs C 6": fwd(z(10, 10, 10, 6), z(1), z(1), z(1), z(1),
-                                                   epsilon=0.0, exponential_avg_factor=0.0,
-                                                   is_training=False),
-    "CVE-2021-29583 PoC2 empty scale vs C 1": fwd(z(10, 10, 10, 1), z(0), z(0), z(0), z(0),
-                                                  epsilon=0.0, exponential_avg_factor=0.0,
-                                                  is_training=False),
-    "CVE-2021-29555 PoC C=0": fwd(z(1, 1, 1, 0), z(0), z(0), z(0), z(0), epsilon=0.0,
-                                  exponential_avg_factor=0.0, is_training=False),
+    "FBN3 half scale (U=half)": fwd(
+        z(2, 2, 2, 4, dtype=H), o(4, dtype=H), z(4, dtype=H), z(0, dtype=H), z(0, dtype=H)
+    ),
+    "FBN3 bf16 x, bf16 U": fwd(
+        z(2, 2, 2, 4, dtype=torch.bfloat16),
+        o(4, dtype=torch.bfloat16),
+        z(4, dtype=torch.bfloat16),
+        z(0),
+        z(0),
+    ),
+    "FBN3 negative epsilon (no check)": fwd(
+        torch.tensor([[[[1.0], [1.0]]]]), o(1), z(1), z(0), z(0), epsilon=-1.0
+    ),
+    "FBN3 exponential_avg_factor 0": fwd(
+        torch.tensor([[[[1.0], [3.0]]]]),
+        o(1),
+        z(1),
+        torch.tensor([5.0]),
+        torch.tensor([7.0]),
+        exponential_avg_factor=0.0,
+    ),
+    "FBN3 inference with factor 0.5 and empty mean": fwd(
+        z(2, 2, 2, 4), o(4), z(4), z(0), z(0), exponential_avg_factor=0.5, is_training=False
+    ),
+    "CVE-2021-29583 PoC1 scale size 1 vs C 6": fwd(
+        z(10, 10, 10, 6),
+        z(1),
+        z(1),
+        z(1),
+        z(1),
+        epsilon=0.0,
+        exponential_avg_factor=0.0,
+        is_training=False,
+    ),
+    "CVE-2021-29583 PoC2 empty scale vs C 1": fwd(
+        z(10, 10, 10, 1),
+        z(0),
+        z(0),
+        z(0),
+        z(0),
+        epsilon=0.0,
+        exponential_avg_factor=0.0,
+        is_training=False,
+    ),
+    "CVE-2021-29555 PoC C=0": fwd(
+        z(1, 1, 1, 0),
+        z(0),
+        z(0),
+        z(0),
+        z(0),
+        epsilon=0.0,
+        exponential_avg_factor=0.0,
+        is_training=False,
+    ),
     "FBN3 C=0 training": fwd(z(1, 2, 2, 0), z(0), z(0), z(0), z(0)),
     "FBNG3 y_backprop rank 3": bwd(z(2, 2, 4), z(2, 2, 2, 4), o(4), z(4), o(4), z(0)),
     "FBNG3 x rank 3": bwd(z(2, 2, 2, 4), z(2, 2, 4), o(4), z(4), o(4), z(0)),
@@ -119,31 +162,49 @@ BAD_INPUTS = {
     "FBNG3 scale size 3 vs C 4": bwd(z(2, 2, 2, 4), z(2, 2, 2, 4), o(3), z(4), o(4), z(0)),
     "FBNG3 rs1 size 3 vs C 4": bwd(z(2, 2, 2, 4), z(2, 2, 2, 4), o(4), z(3), o(4), z(0)),
     "FBNG3 rs2 size 5 vs C 4": bwd(z(2, 2, 2, 4), z(2, 2, 2, 4), o(4), z(4), o(5), z(0)),
-    "FBNG3 rs3 arbitrary shape (ignored)": bwd(o(2, 2, 2, 4), o(2, 2, 2, 4), o(4), z(4), o(4),
-                                               z(3, 7)),
-    "FBNG3 inference NCHW": bwd(o(2, 4, 2, 2), o(2, 4, 2, 2), o(4), z(4), o(4), z(0),
-                                data_format="NCHW", is_training=False),
-    "FBNG3 scale dtype half": bwd(o(2, 2, 2, 4, dtype=H), o(2, 2, 2, 4, dtype=H), o(4, dtype=H),
-                                  z(4), o(4), z(0)),
+    "FBNG3 rs3 arbitrary shape (ignored)": bwd(
+        o(2, 2, 2, 4), o(2, 2, 2, 4), o(4), z(4), o(4), z(3, 7)
+    ),
+    "FBNG3 inference NCHW": bwd(
+        o(2, 4, 2, 2), o(2, 4, 2, 2), o(4), z(4), o(4), z(0), data_format="NCHW", is_training=False
+    ),
+    "FBNG3 scale dtype half": bwd(
+        o(2, 2, 2, 4, dtype=H), o(2, 2, 2, 4, dtype=H), o(4, dtype=H), z(4), o(4), z(0)
+    ),
     "CVE-2021-41223 PoC NCHW y_backprop(1,1,3,3) x(1,1,1,2)": bwd(
-        torch.arange(9.0).reshape(1, 1, 3, 3), torch.arange(2.0).reshape(1, 1, 1, 2),
-        torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0, 1.0]), z(0),
-        epsilon=1.0, data_format="NCHW"),
+        torch.arange(9.0).reshape(1, 1, 3, 3),
+        torch.arange(2.0).reshape(1, 1, 1, 2),
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([1.0, 1.0, 1.0]),
+        z(0),
+        epsilon=1.0,
+        data_format="NCHW",
+    ),
     "issue#58999 GradV3 empty scale": bwd(o(4, 10, 10, 2), o(4, 10, 10, 2), z(0), o(2), o(2), o(2)),
-    "FBNG2 fuzz-style PoC (as V3)": bwd(o(1, 2, 2, 2), o(1, 2, 2, 2), o(2),
-                                        torch.tensor([4.0, 4.0]), torch.tensor([4.0, 4.0]), z(0)),
+    "FBNG2 fuzz-style PoC (as V3)": bwd(
+        o(1, 2, 2, 2), o(1, 2, 2, 2), o(2), torch.tensor([4.0, 4.0]), torch.tensor([4.0, 4.0]), z(0)
+    ),
 }
 
 # Where we deliberately differ from TF's Eigen kernel (README "Deliberate differences"):
 #   inference grads accept NCHW (TF's oneDNN kernel does too; TF's autograd transposes to NHWC);
 #   half scale/statistics are rejected with our own dtype message (TF's is an OpDef message).
-DIFFERENT = {"FBNG3 inference NCHW": "ok", "FBNG3 scale dtype half": "scale",
-             "FBN3 half scale (U=half)": "scale", "FBN3 bf16 x, bf16 U": "scale"}
+DIFFERENT = {
+    "FBNG3 inference NCHW": "ok",
+    "FBNG3 scale dtype half": "scale",
+    "FBN3 half scale (U=half)": "scale",
+    "FBN3 bf16 x, bf16 U": "scale",
+}
 
 # The exception type of each rejected case (docs/errors.md); every other rejection is a
 # RuntimeError (shapes that do not fit).
-ERROR_TYPE = {"FBN3 bad data_format": ValueError, "FBNG3 scale dtype half": TypeError,
-              "FBN3 half scale (U=half)": TypeError, "FBN3 bf16 x, bf16 U": TypeError}
+ERROR_TYPE = {
+    "FBN3 bad data_format": ValueError,
+    "FBNG3 scale dtype half": TypeError,
+    "FBN3 half scale (U=half)": TypeError,
+    "FBN3 bf16 x, bf16 U": TypeError,
+}
 
 
 def run_tf(tf, kind, args, kw):
@@ -151,9 +212,17 @@ def run_tf(tf, kind, args, kw):
         names = ("x", "scale", "offset", "mean", "variance")
         op = tf.raw_ops.FusedBatchNormV3
     else:
-        names = ("y_backprop", "x", "scale", "reserve_space_1", "reserve_space_2", "reserve_space_3")
+        names = (
+            "y_backprop",
+            "x",
+            "scale",
+            "reserve_space_1",
+            "reserve_space_2",
+            "reserve_space_3",
+        )
         op = tf.raw_ops.FusedBatchNormGradV3
     from torch_tfgrads.parity._tf import to_tf
+
     return op(**{n: to_tf(a) for n, a in zip(names, args)}, **kw)
 
 
@@ -187,8 +256,10 @@ def test_bad_and_edge_inputs_like_tensorflow(tf, name):
     ours = ours_fn(*args, **kw)
     if tf_error is None:
         assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in theirs]
-        assert rel_err(ours[0], torch.from_numpy(theirs[0].numpy())) <= 1e-6 or \
-            torch.isnan(ours[0]).all()
+        assert (
+            rel_err(ours[0], torch.from_numpy(theirs[0].numpy())) <= 1e-6
+            or torch.isnan(ours[0]).all()
+        )
     else:  # accepted although TF's Eigen kernel refuses: compare with TF's NHWC computation
         assert name == "FBNG3 inference NCHW"
         nhwc = [a.permute(0, 2, 3, 1) if a.dim() == 4 else a for a in args]

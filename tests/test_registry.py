@@ -5,6 +5,7 @@ formula (or a declared reason it has none), a CPU kernel, a CUDA kernel in csrc/
 setup.py compiles whenever it builds CUDA), a section in docs/ops/<family>.md, an opcheck sample
 in the family's test module and a benchmark row. Adding an op half-way fails here.
 """
+
 import ast
 import importlib
 import pathlib
@@ -31,13 +32,20 @@ NO_BENCHMARK = {
     "_fractional_max_pool_grad_backward": "internal; runs only in double backward",
 }
 # Ops with one device-independent kernel (host-side sequences) need no CUDA kernel.
-FAMILY_TESTS = ("test_fused_batch_norm", "test_fractional_pool", "test_depthwise_conv2d",
-                "test_cudnn_rnn")
+FAMILY_TESTS = (
+    "test_fused_batch_norm",
+    "test_fractional_pool",
+    "test_depthwise_conv2d",
+    "test_cudnn_rnn",
+)
 
 
 def all_ops():
-    return sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
-                  if n.startswith("tfgrads::"))
+    return sorted(
+        n.split("::", 1)[1]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("tfgrads::")
+    )
 
 
 OPS = all_ops()
@@ -85,8 +93,7 @@ def test_public_function(op):
 def test_fake_kernel(op):
     entry = torch._library.simple_registry.singleton.find(_qualname(op))
     assert entry.fake_impl.kernel is not None, f"{op}: no fake kernel (register_fake)"
-    assert _family(op) in ("fused_batch_norm", "fractional_pool", "depthwise_conv2d",
-                           "cudnn_rnn")
+    assert _family(op) in ("fused_batch_norm", "fractional_pool", "depthwise_conv2d", "cudnn_rnn")
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -108,8 +115,9 @@ def _cuda_impls():
     names = set()
     for path in (ROOT / "csrc" / "cuda").glob("*.cu"):
         src = path.read_text()
-        for block in re.findall(r"TORCH_LIBRARY_IMPL\(tfgrads,\s*CUDA,\s*m\)\s*\{(.*?)\n\}", src,
-                                re.S):
+        for block in re.findall(
+            r"TORCH_LIBRARY_IMPL\(tfgrads,\s*CUDA,\s*m\)\s*\{(.*?)\n\}", src, re.S
+        ):
             names.update(re.findall(r'm\.impl\("([A-Za-z0-9_]+)"', block))
     return names
 
@@ -119,8 +127,10 @@ def test_cuda_kernel(op):
     if _has_kernel(op, "CompositeExplicitAutograd"):
         return  # one kernel for every device
     assert op in _cuda_impls(), f"{op}: no CUDA kernel in csrc/cuda/*.cu"
-    assert "csrc\", \"cuda\", \"*.cu\"" in (ROOT / "setup.py").read_text() or \
-        "csrc/cuda" in (ROOT / "setup.py").read_text()
+    assert (
+        'csrc", "cuda", "*.cu"' in (ROOT / "setup.py").read_text()
+        or "csrc/cuda" in (ROOT / "setup.py").read_text()
+    )
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -130,7 +140,8 @@ def test_doc_section(op):
     headings = [line for line in doc.read_text().splitlines() if line.startswith("#")]
     word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(op)}(?![A-Za-z0-9_])")
     assert any(word.search(h) for h in headings), (
-        f"{op}: no heading naming {op} in {doc.relative_to(ROOT)}")
+        f"{op}: no heading naming {op} in {doc.relative_to(ROOT)}"
+    )
 
 
 def _opchecked_ops():
@@ -156,7 +167,8 @@ def _benchmarked_ops():
     for path in (ROOT / "benchmarks").glob("bench_*.py"):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "TIMED_OPS" for t in node.targets):
+                isinstance(t, ast.Name) and t.id == "TIMED_OPS" for t in node.targets
+            ):
                 names.update(ast.literal_eval(node.value))
     return names
 

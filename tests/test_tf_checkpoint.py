@@ -7,6 +7,7 @@ SavedModel, a TF 1 name-based Saver) and every tensor is compared bit for bit wi
 subprocess in which `import tensorflow` fails reads the same files. Corrupted and truncated files
 must raise `CheckpointError` naming the file (and the key), never return a partial result.
 """
+
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 # ----------------------------------------------------------------- pieces, no TensorFlow needed
+
 
 def test_crc32c_vectors():
     # RFC 3720 (iSCSI) B.4 test vectors, and the classic check value.
@@ -77,10 +79,13 @@ def test_ordered_code_signed():
 
 
 def test_import_is_lazy():
-    code = ("import sys, torch_tfgrads; "
-            "print('torch_tfgrads.tf_checkpoint' in sys.modules, 'google.protobuf' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()
+    code = (
+        "import sys, torch_tfgrads; "
+        "print('torch_tfgrads.tf_checkpoint' in sys.modules, 'google.protobuf' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[0] == "False"
 
 
@@ -91,12 +96,28 @@ def test_missing_checkpoint(tmp_path):
 
 # ------------------------------------------------------------- checkpoints written by TensorFlow
 
+
 def _dtypes(tf):
-    out = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-           "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128"]
+    out = [
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "complex64",
+        "complex128",
+    ]
     return [getattr(tf, n) for n in out] + [
-        getattr(tf.dtypes.experimental, n)
-        for n in ("float8_e5m2", "float8_e4m3fn")]  # the float8 types TF has CPU variables of
+        getattr(tf.dtypes.experimental, n) for n in ("float8_e5m2", "float8_e4m3fn")
+    ]  # the float8 types TF has CPU variables of
 
 
 def _value(tf, dtype, shape, seed):
@@ -105,9 +126,15 @@ def _value(tf, dtype, shape, seed):
         return tf.constant(rng.integers(0, 2, shape).astype(bool))
     if dtype.is_integer:
         info = np.iinfo(dtype.as_numpy_dtype)
-        return tf.constant(rng.integers(info.min, info.max, shape, endpoint=True,
-                                        dtype=np.int64 if info.min < 0 else np.uint64)
-                           .astype(dtype.as_numpy_dtype))
+        return tf.constant(
+            rng.integers(
+                info.min,
+                info.max,
+                shape,
+                endpoint=True,
+                dtype=np.int64 if info.min < 0 else np.uint64,
+            ).astype(dtype.as_numpy_dtype)
+        )
     x = rng.standard_normal(shape) * 10
     if dtype.is_complex:
         x = x + 1j * rng.standard_normal(shape)
@@ -137,13 +164,19 @@ def ckpts(tf, tmp_path_factory):
     policy = tf.train.experimental.MaxShardSizePolicy(max_shard_size=40_000)
     out["sharded"] = tf.train.Checkpoint(**parts).write(
         str(d / "sharded" / "ckpt"),
-        options=tf.train.CheckpointOptions(experimental_sharding_callback=policy))
+        options=tf.train.CheckpointOptions(experimental_sharding_callback=policy),
+    )
 
     # A Keras model with its optimizer state.
     keras = tf.keras
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, name="dense_a"),
-                              keras.layers.BatchNormalization(name="bn"),
-                              keras.layers.Dense(2, name="dense_b")])
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(5, name="dense_a"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Dense(2, name="dense_b"),
+        ]
+    )
     opt = keras.optimizers.Adam(1e-3)
     model.compile(optimizer=opt, loss="mse")
     x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
@@ -155,8 +188,9 @@ def ckpts(tf, tmp_path_factory):
     module = tf.Module()
     module.w = tf.Variable(_value(tf, tf.float32, (4, 3), 500))
     module.b = tf.Variable(_value(tf, tf.bfloat16, (3,), 501))
-    module.f = tf.function(lambda x: tf.matmul(x, module.w),
-                           input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    module.f = tf.function(
+        lambda x: tf.matmul(x, module.w), input_signature=[tf.TensorSpec([None, 4], tf.float32)]
+    )
     tf.saved_model.save(module, str(d / "saved_model"))
     out["saved_model"] = str(d / "saved_model")
 
@@ -172,8 +206,11 @@ def ckpts(tf, tmp_path_factory):
 
 def _bytes_of(value):
     if isinstance(value, torch.Tensor):
-        return value.contiguous().view(-1).view(torch.uint8).numpy().tobytes() \
-            if value.numel() else b""
+        return (
+            value.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            if value.numel()
+            else b""
+        )
     return value
 
 
@@ -196,13 +233,18 @@ def _assert_same_as_tf(tf, prefix):
     return ours
 
 
-
 @pytest.mark.needs_tf
 def test_every_dtype(tf, ckpts):
     ours = _assert_same_as_tf(tf, ckpts["dtypes"])
     names = {k.split("/")[0] for k in ours}
-    assert {"bfloat16_matrix", "float8_e5m2_scalar", "uint64_empty", "complex128_matrix",
-            "string_matrix", "large"} <= names
+    assert {
+        "bfloat16_matrix",
+        "float8_e5m2_scalar",
+        "uint64_empty",
+        "complex128_matrix",
+        "string_matrix",
+        "large",
+    } <= names
     assert ours["large" + VALUE].shape == (1024, 1024)
     h = tf_checkpoint.header(ckpts["dtypes"])
     assert (h.num_shards, h.endianness, h.producer) == (1, "little", 1)
@@ -223,19 +265,23 @@ def test_keras_model_and_object_graph(tf, ckpts):
     prefix = ckpts["keras"]
     ours = _assert_same_as_tf(tf, prefix)
     from tensorflow.core.protobuf import trackable_object_graph_pb2
+
     ref = trackable_object_graph_pb2.TrackableObjectGraph()
-    ref.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor(
-        tf_checkpoint.OBJECT_GRAPH_KEY))
+    ref.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor(tf_checkpoint.OBJECT_GRAPH_KEY))
     nodes = tf_checkpoint.read_object_graph(prefix)
     assert len(nodes) == len(ref.nodes)
     for node, r in zip(nodes, ref.nodes):
         assert node.children == tuple((c.local_name, c.node_id) for c in r.children)
-        assert [(a.name, a.full_name, a.checkpoint_key) for a in node.attributes] == \
-            [(a.name, a.full_name, a.checkpoint_key) for a in r.attributes]
-        assert [(s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
-                for s in node.slot_variables] == \
-            [(s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
-             for s in r.slot_variables]
+        assert [(a.name, a.full_name, a.checkpoint_key) for a in node.attributes] == [
+            (a.name, a.full_name, a.checkpoint_key) for a in r.attributes
+        ]
+        assert [
+            (s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
+            for s in node.slot_variables
+        ] == [
+            (s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
+            for s in r.slot_variables
+        ]
     # Keys map to the Keras variables' own names (layer names included) ...
     names = tf_checkpoint.variable_names(prefix)
     model = ckpts["keras_model"]
@@ -297,13 +343,17 @@ print(json.dumps(out))
         reader = tf.train.load_checkpoint(prefix)
         for key, dtype in reader.get_variable_to_dtype_map().items():
             ref = reader.get_tensor(key)
-            data = b"|".join(np.asarray(ref, dtype=object).reshape(-1).tolist()) \
-                if dtype == tf.string else np.asarray(ref).tobytes()
+            data = (
+                b"|".join(np.asarray(ref, dtype=object).reshape(-1).tolist())
+                if dtype == tf.string
+                else np.asarray(ref).tobytes()
+            )
             expected[prefix + ":" + key] = hashlib.sha256(data).hexdigest()
     assert digests == expected
 
 
 # ------------------------------------------------------------------------------ corrupted files
+
 
 @pytest.fixture
 def copy(ckpts, tmp_path):
@@ -327,8 +377,11 @@ def _patch(path, offset, fn):
 def test_flipped_byte_in_data_names_the_key(copy):
     entry = tf_checkpoint.entries(copy)["float64_matrix" + VALUE]
     _patch(f"{copy}.data-00000-of-00001", entry.offset + 5, lambda b: b ^ 0x10)
-    with pytest.raises(CheckpointError, match=r"data-00000-of-00001: key 'float64_matrix.*"
-                                              r"checksum mismatch"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"data-00000-of-00001: key 'float64_matrix.*"
+        r"checksum mismatch",
+    ):
         tf_checkpoint.read(copy)
     tf_checkpoint.read(copy, keys=["float32_matrix" + VALUE])  # the others are still fine
 
@@ -382,6 +435,7 @@ def test_flipped_byte_in_index_block(copy):
 
 # ---------------------------------------------------------------------------------- load_weights
 
+
 @pytest.mark.needs_tf
 def test_load_weights(tf, tmp_path):
     kernel = _value(tf, tf.float32, (4, 3), 1)
@@ -392,7 +446,8 @@ def test_load_weights(tf, tmp_path):
     prefix = ckpt.write(str(tmp_path / "ckpt"))
     lin = torch.nn.Linear(4, 3)
     loaded = tf_checkpoint.load_weights(
-        lin, prefix, {"weight": "dense/kernel" + VALUE, "bias": "dense/bias"})
+        lin, prefix, {"weight": "dense/kernel" + VALUE, "bias": "dense/bias"}
+    )
     assert loaded == ["weight", "bias"]
     assert lin.weight.detach().numpy().tobytes() == tf.transpose(kernel).numpy().tobytes()
     assert lin.bias.detach().numpy().tobytes() == bias.numpy().tobytes()
@@ -404,6 +459,7 @@ def test_load_weights(tf, tmp_path):
             self.dense = torch.nn.Module()
             self.dense.kernel = torch.nn.Parameter(torch.zeros(3, 4))
             self.dense.bias = torch.nn.Parameter(torch.zeros(3))
+
     m = M()
     assert sorted(tf_checkpoint.load_weights(m, prefix)) == ["dense.bias", "dense.kernel"]
     assert torch.equal(m.dense.bias, lin.bias)
@@ -420,6 +476,7 @@ def test_load_weights(tf, tmp_path):
 
 # ------------------------------------------------------------------------ protos match TF's own
 
+
 @pytest.mark.needs_tf
 def test_protos_match_tensorflow(tf):
     from tensorflow.core.protobuf import tensor_bundle_pb2, trackable_object_graph_pb2
@@ -432,20 +489,26 @@ def test_protos_match_tensorflow(tf):
             t = f.type
             if t == f.TYPE_ENUM:
                 t = f.TYPE_INT32  # declared as int32 here: the same varint on the wire
-            out[prefix + f.name] = (f.number, t, f.label if hasattr(f, "label") else None,
-                                    f.containing_oneof is not None)
+            out[prefix + f.name] = (
+                f.number,
+                t,
+                f.label if hasattr(f, "label") else None,
+                f.containing_oneof is not None,
+            )
             if f.message_type is not None and f.message_type.name != desc.name:
                 out.update(fields(f.message_type, prefix + f.name + "."))
         return out
 
-    for ours, theirs in [(protos.BundleHeaderProto, tensor_bundle_pb2.BundleHeaderProto),
-                         (protos.BundleEntryProto, tensor_bundle_pb2.BundleEntryProto),
-                         (protos.TrackableObjectGraph,
-                          trackable_object_graph_pb2.TrackableObjectGraph)]:
+    for ours, theirs in [
+        (protos.BundleHeaderProto, tensor_bundle_pb2.BundleHeaderProto),
+        (protos.BundleEntryProto, tensor_bundle_pb2.BundleEntryProto),
+        (protos.TrackableObjectGraph, trackable_object_graph_pb2.TrackableObjectGraph),
+    ]:
         assert fields(ours.DESCRIPTOR) == fields(theirs.DESCRIPTOR), ours.DESCRIPTOR.name
 
 
 # ------------------------------------------------- an index rewritten with snappy-compressed blocks
+
 
 def _varint(n):
     out = bytearray()
@@ -460,10 +523,15 @@ def _snappy_literals(raw):
     """A valid snappy stream made of literals only (what a compressor emits for random data)."""
     out = bytearray(_varint(len(raw)))
     for i in range(0, len(raw), 65536):
-        chunk = raw[i:i + 65536]
+        chunk = raw[i : i + 65536]
         n = len(chunk) - 1
-        out += bytes([n << 2]) if n < 60 else bytes([60 << 2, n]) if n < 256 else \
-            bytes([61 << 2]) + n.to_bytes(2, "little")
+        out += (
+            bytes([n << 2])
+            if n < 60
+            else bytes([60 << 2, n])
+            if n < 256
+            else bytes([61 << 2]) + n.to_bytes(2, "little")
+        )
         out += chunk
     return bytes(out)
 
@@ -507,5 +575,6 @@ def test_rewritten_index(ckpts, copy, snappy):
         f.write(_write_table(items, snappy))
     ours, ref = tf_checkpoint.read(copy), tf_checkpoint.read(ckpts["dtypes"])
     assert list(ours) == list(ref)
-    assert all(_bytes_of(ours[k]) == _bytes_of(ref[k]) for k in ref
-               if isinstance(ref[k], torch.Tensor))
+    assert all(
+        _bytes_of(ours[k]) == _bytes_of(ref[k]) for k in ref if isinstance(ref[k], torch.Tensor)
+    )

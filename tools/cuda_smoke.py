@@ -1,6 +1,7 @@
 """Every CUDA kernel of torch_tfgrads once, on shapes large enough for the multi-block paths, for
 compute-sanitizer (memcheck, racecheck) in `make gpu-test`. Checks each CUDA result against the
 CPU kernel too, so a sanitizer-clean but wrong kernel still fails."""
+
 import os
 import sys
 
@@ -33,8 +34,9 @@ def main():
         ok &= close(f"fused_batch_norm_v3 {fmt} {shape}", gpu[0], cpu[0], 1e-5)
         dy = torch.randn(shape, generator=g)
         gc = T.fused_batch_norm_grad_v3(dy, x, s, cpu[3], cpu[4], cpu[5], data_format=fmt)
-        gg = T.fused_batch_norm_grad_v3(dy.to(dev), x.to(dev), s.to(dev), gpu[3], gpu[4], gpu[5],
-                                        data_format=fmt)
+        gg = T.fused_batch_norm_grad_v3(
+            dy.to(dev), x.to(dev), s.to(dev), gpu[3], gpu[4], gpu[5], data_format=fmt
+        )
         ok &= close(f"fused_batch_norm_grad_v3 {fmt} {shape}", gg[0], gc[0], 1e-5)
 
     # FractionalPool: forward, both grads (bit-exact), overlapping.
@@ -62,19 +64,24 @@ def main():
         st = [1, 1, 2, 1] if fmt == "NHWC" else [1, 1, 1, 2]
         dl = [1, 2, 1, 1] if fmt == "NHWC" else [1, 1, 2, 1]
         y = T.depthwise_conv2d_native(x, f, st, "SAME", data_format=fmt, dilations=dl)
-        yd = T.depthwise_conv2d_native(x.to(dev), f.to(dev), st, "SAME", data_format=fmt,
-                                       dilations=dl)
+        yd = T.depthwise_conv2d_native(
+            x.to(dev), f.to(dev), st, "SAME", data_format=fmt, dilations=dl
+        )
         ok &= close(f"depthwise_conv2d_native {fmt}", yd, y, 1e-5)
         dy = torch.randn(y.shape, generator=g)
-        bi = T.depthwise_conv2d_native_backprop_input(x.shape, f, dy, st, "SAME",
-                                                      data_format=fmt, dilations=dl)
-        bid = T.depthwise_conv2d_native_backprop_input(x.shape, f.to(dev), dy.to(dev), st, "SAME",
-                                                       data_format=fmt, dilations=dl)
+        bi = T.depthwise_conv2d_native_backprop_input(
+            x.shape, f, dy, st, "SAME", data_format=fmt, dilations=dl
+        )
+        bid = T.depthwise_conv2d_native_backprop_input(
+            x.shape, f.to(dev), dy.to(dev), st, "SAME", data_format=fmt, dilations=dl
+        )
         ok &= close(f"depthwise_conv2d_native_backprop_input {fmt}", bid, bi, 1e-5)
-        bf = T.depthwise_conv2d_native_backprop_filter(x, f.shape, dy, st, "SAME",
-                                                       data_format=fmt, dilations=dl)
-        bfd = T.depthwise_conv2d_native_backprop_filter(x.to(dev), f.shape, dy.to(dev), st,
-                                                        "SAME", data_format=fmt, dilations=dl)
+        bf = T.depthwise_conv2d_native_backprop_filter(
+            x, f.shape, dy, st, "SAME", data_format=fmt, dilations=dl
+        )
+        bfd = T.depthwise_conv2d_native_backprop_filter(
+            x.to(dev), f.shape, dy.to(dev), st, "SAME", data_format=fmt, dilations=dl
+        )
         ok &= close(f"depthwise_conv2d_native_backprop_filter {fmt}", bfd, bf, 1e-4)
 
     # CudnnRNN: LSTM with projection and lengths, bidirectional GRU, the params conversions.
@@ -90,18 +97,26 @@ def main():
         c = torch.randn(L * D, B, U, generator=g)
         lens = torch.randint(1, Tn + 1, (B,), generator=g, dtype=torch.int32)
         cpu = T.cudnn_rnn_v3(x, h, c, p, lens, mode, **kw)
-        gpu = T.cudnn_rnn_v3(x.to(dev), h.to(dev), c.to(dev), p.to(dev), lens.to(dev), mode,
-                             **kw)
+        gpu = T.cudnn_rnn_v3(x.to(dev), h.to(dev), c.to(dev), p.to(dev), lens.to(dev), mode, **kw)
         ok &= close(f"cudnn_rnn_v3 {mode}", gpu[0], cpu[0], 1e-5)
         dys = [torch.randn(t.shape, generator=g) for t in cpu[:3]]
         bc = T.cudnn_rnn_backprop_v3(x, h, c, p, lens, *cpu[:3], *dys, *cpu[3:], mode, **kw)
-        bg = T.cudnn_rnn_backprop_v3(x.to(dev), h.to(dev), c.to(dev), p.to(dev), lens.to(dev),
-                                     *gpu[:3], *(d.to(dev) for d in dys), *gpu[3:], mode, **kw)
+        bg = T.cudnn_rnn_backprop_v3(
+            x.to(dev),
+            h.to(dev),
+            c.to(dev),
+            p.to(dev),
+            lens.to(dev),
+            *gpu[:3],
+            *(d.to(dev) for d in dys),
+            *gpu[3:],
+            mode,
+            **kw,
+        )
         ok &= close(f"cudnn_rnn_backprop_v3 {mode} (params)", bg[3], bc[3], 1e-4)
         G = 4 if mode == "lstm" else 3
         nw = L * D * (2 * G + (1 if kw.get("num_proj") else 0))
-        w, b = T.cudnn_rnn_params_to_canonical_v2(L, U, I, p.to(dev), nw, L * D * 2 * G, mode,
-                                                  **kw)
+        w, b = T.cudnn_rnn_params_to_canonical_v2(L, U, I, p.to(dev), nw, L * D * 2 * G, mode, **kw)
         back = T.cudnn_rnn_canonical_to_params_v2(L, U, I, w, b, mode, **kw)
         ok &= close(f"cudnn_rnn params round trip {mode}", back, p, 0.0)
     if dev == "cuda":

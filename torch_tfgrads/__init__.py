@@ -5,6 +5,7 @@ semantics, as PyTorch custom ops (`torch.ops.tfgrads.*`) that work with autograd
 Import order matters: torch first, then the extension (its static initialisers define the
 ops), then the families' fake kernels and autograd formulas that attach to those ops.
 """
+
 import torch  # noqa: F401  (the extension links against the already-loaded torch)
 
 from . import _loader  # noqa: F401  (checks the build matches this CPU and torch, loads _C)

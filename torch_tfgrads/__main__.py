@@ -1,4 +1,5 @@
 """Command line: `python -m torch_tfgrads demo | parity | check-build`."""
+
 import argparse
 import sys
 
@@ -10,22 +11,32 @@ def _check_build(require_cuda):
     from torch_tfgrads import _loader
     from torch_tfgrads.parity import registered_ops
 
-    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), torch_tfgrads "
-          f"{torch_tfgrads.__version__}, CUDA kernels compiled: {_loader.WITH_CUDA}")
+    print(
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), torch_tfgrads "
+        f"{torch_tfgrads.__version__}, CUDA kernels compiled: {_loader.WITH_CUDA}"
+    )
     ok = True
     for op in registered_ops():
-        keys = [k for k in ("CPU", "CUDA", "CompositeExplicitAutograd")
-                if torch._C._dispatch_has_kernel_for_dispatch_key(f"tfgrads::{op}", k)]
+        keys = [
+            k
+            for k in ("CPU", "CUDA", "CompositeExplicitAutograd")
+            if torch._C._dispatch_has_kernel_for_dispatch_key(f"tfgrads::{op}", k)
+        ]
         if "CompositeExplicitAutograd" in keys:  # one kernel for every device
             keys = ["CPU", "CUDA"]
         missing = {"CPU"} - set(keys) | ({"CUDA"} - set(keys) if require_cuda else set())
-        print(f"  tfgrads::{op}: kernels {', '.join(keys)}" + (f"  MISSING {missing}" if missing else ""))
+        print(
+            f"  tfgrads::{op}: kernels {', '.join(keys)}"
+            + (f"  MISSING {missing}" if missing else "")
+        )
         ok &= not missing
     # A CPU smoke run, so an import-time or registration problem cannot hide.
     x = torch.randn(2, 3, 3, 4)
     y = torch_tfgrads.fused_batch_norm_v3(x, torch.ones(4), torch.zeros(4))[0]
     ok &= bool(torch.isfinite(y).all())
-    out, rows, cols = torch_tfgrads.fractional_max_pool(x, [1, 1.5, 1.5, 1], False, False, True, 1, 2)
+    out, rows, cols = torch_tfgrads.fractional_max_pool(
+        x, [1, 1.5, 1.5, 1], False, False, True, 1, 2
+    )
     ok &= rows.tolist() == [0, 1, 3] and out.shape == (2, 2, 2, 4)
     print("check-build:", "OK" if ok else "FAILED")
     return 0 if ok else 1
@@ -50,6 +61,7 @@ def main(argv=None):
     if args.cmd == "check-build":
         return _check_build(args.require_cuda)
     from torch_tfgrads.parity import run_parity
+
     return run_parity(n_cases=args.cases, seed=args.seed, families=args.family)
 
 

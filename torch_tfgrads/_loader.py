@@ -6,6 +6,7 @@ The extension uses torch's C++ API, whose ABI changes between torch minor releas
 into another torch it fails with an undefined-symbol error (or worse), so the torch major.minor
 recorded at build time must be the running one.
 """
+
 import torch
 
 try:
@@ -24,13 +25,18 @@ if _built_torch is not None and _major_minor(_built_torch) != _major_minor(torch
         f"torch_tfgrads was built against torch {_major_minor(_built_torch)} but torch "
         f"{_major_minor(torch.__version__)} is running; rebuild with "
         "pip install --no-build-isolation . (-e . in a checkout), or install torch "
-        f"{_major_minor(_built_torch)}.*")
+        f"{_major_minor(_built_torch)}.*"
+    )
 
-if (_build_info is not None and _build_info.CPU_SIMD == "AVX2"
-        and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")):
+if (
+    _build_info is not None
+    and _build_info.CPU_SIMD == "AVX2"
+    and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")
+):
     raise ImportError(
         "torch_tfgrads was compiled for AVX2 but this CPU does not support it; rebuild with "
-        "TFGRADS_CPU_BASELINE=1 pip install --no-build-isolation -e .")
+        "TFGRADS_CPU_BASELINE=1 pip install --no-build-isolation -e ."
+    )
 
 from . import _C  # noqa: E402,F401
 

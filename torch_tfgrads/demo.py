@@ -3,6 +3,7 @@ torch.compile on this machine, then the TF parity table when TensorFlow is insta
 
 Needs only torch and this package; TensorFlow adds the parity table.
 """
+
 import sys
 import time
 
@@ -29,8 +30,9 @@ def _ops(out):
     _say(out, "2. The gradient op against autograd")
     dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
     (dx_autograd,) = torch.autograd.grad(y, x, dy)
-    dx, dscale, doffset, _, _ = T.fused_batch_norm_grad_v3(dy, x.detach(), scale, rs1, rs2, rs3,
-                                                           epsilon=1e-3)
+    dx, dscale, doffset, _, _ = T.fused_batch_norm_grad_v3(
+        dy, x.detach(), scale, rs1, rs2, rs3, epsilon=1e-3
+    )
     err = (dx - dx_autograd).abs().max().item()
     _say(out, f"   fused_batch_norm_grad_v3 vs torch.autograd.grad: max |diff| = {err:.1e}")
     return err < 1e-12
@@ -48,8 +50,11 @@ def _model():
 
 
 def _train(out):
-    _say(out, "3. A small nn model (DepthwiseConv2d -> FusedBatchNorm -> FractionalMaxPool2d), "
-              "one SGD step")
+    _say(
+        out,
+        "3. A small nn model (DepthwiseConv2d -> FusedBatchNorm -> FractionalMaxPool2d), "
+        "one SGD step",
+    )
     torch.manual_seed(0)
     model = _model()
     x = torch.randn(16, 12, 12, 3)
@@ -69,18 +74,24 @@ def _train(out):
     t0 = time.perf_counter()
     loss_c = torch.nn.functional.cross_entropy(step(x), target)
     loss_c.backward()
-    _say(out, f"   compiled loss {loss_c.item():.6f} (first call compiles: "
-              f"{time.perf_counter() - t0:.1f} s); |eager - compiled| = "
-              f"{abs(loss.item() - loss_c.item()):.1e}")
+    _say(
+        out,
+        f"   compiled loss {loss_c.item():.6f} (first call compiles: "
+        f"{time.perf_counter() - t0:.1f} s); |eager - compiled| = "
+        f"{abs(loss.item() - loss_c.item()):.1e}",
+    )
     return abs(loss.item() - loss_c.item()) < 1e-5
 
 
 def run_demo(out=sys.stdout, parity_cases=8):
     from torch_tfgrads import _loader
 
-    _say(out, f"torch_tfgrads {T.__version__} on torch {torch.__version__}; CPU capability "
-              f"{torch.backends.cpu.get_cpu_capability()}; CUDA kernels compiled: "
-              f"{_loader.WITH_CUDA}")
+    _say(
+        out,
+        f"torch_tfgrads {T.__version__} on torch {torch.__version__}; CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}; CUDA kernels compiled: "
+        f"{_loader.WITH_CUDA}",
+    )
     ok = _ops(out)
     ok &= _train(out)
     _say(out)
@@ -89,12 +100,18 @@ def run_demo(out=sys.stdout, parity_cases=8):
 
         import_tf(eigen=True)
     except TFUnavailable:
-        _say(out, "5. Parity with TensorFlow: skipped, TensorFlow is not installed "
-                  "(pip install tensorflow-cpu==2.21.0, or `make test`, adds it)")
+        _say(
+            out,
+            "5. Parity with TensorFlow: skipped, TensorFlow is not installed "
+            "(pip install tensorflow-cpu==2.21.0, or `make test`, adds it)",
+        )
         return 0 if ok else 1
     from .parity import run_parity
 
-    _say(out, f"5. Parity with TensorFlow ({parity_cases} random cases per family; "
-              "`python -m torch_tfgrads parity` runs more)")
+    _say(
+        out,
+        f"5. Parity with TensorFlow ({parity_cases} random cases per family; "
+        "`python -m torch_tfgrads parity` runs more)",
+    )
     code = run_parity(n_cases=parity_cases, out=out)
     return code if ok else 1

@@ -14,8 +14,10 @@ Mode parse_mode(const char* op, c10::string_view rnn_mode) {
   if (rnn_mode == "gru") return Mode::kGru;
   if (rnn_mode == "rnn_tanh") return Mode::kRnnTanh;
   if (rnn_mode == "rnn_relu") return Mode::kRnnRelu;
-  TORCH_CHECK_VALUE(false, op, ": argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, "
-                    "gru, got '", rnn_mode, "'");
+  TORCH_CHECK_VALUE(false, op,
+                    ": argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, "
+                    "gru, got '",
+                    rnn_mode, "'");
 }
 
 int64_t gates_of(Mode mode) {
@@ -29,8 +31,10 @@ int64_t gates_of(Mode mode) {
 int64_t parse_dirs(const char* op, c10::string_view direction) {
   if (direction == "unidirectional") return 1;
   if (direction == "bidirectional") return 2;
-  TORCH_CHECK_VALUE(false, op, ": argument 'direction' must be unidirectional or bidirectional, "
-                    "got '", direction, "'");
+  TORCH_CHECK_VALUE(false, op,
+                    ": argument 'direction' must be unidirectional or bidirectional, "
+                    "got '",
+                    direction, "'");
 }
 
 // The sizes are arguments of the params ops (a bad one is a ValueError naming it) but come
@@ -41,17 +45,23 @@ static bool skip_input_of(const char* op, c10::string_view input_mode, int64_t i
   const bool auto_select = input_mode == "auto_select";
   TORCH_CHECK_VALUE(auto_select || input_mode == "skip_input", op,
                     ": argument 'input_mode' must be linear_input, skip_input or auto_select, "
-                    "got '", input_mode, "'");
+                    "got '",
+                    input_mode, "'");
   // TF's ToRNNInputMode: auto_select is skip_input exactly when the sizes allow it.
   if (auto_select) return input_size == num_units;
   if (from_shapes) {
-    TORCH_CHECK(input_size == num_units, op, ": argument 'input': input_mode skip_input adds "
-                "the input to every gate, so input_size (", input_size, ") must equal "
-                "num_units (", num_units, ")");
+    TORCH_CHECK(input_size == num_units, op,
+                ": argument 'input': input_mode skip_input adds "
+                "the input to every gate, so input_size (",
+                input_size,
+                ") must equal "
+                "num_units (",
+                num_units, ")");
   } else {
-    TORCH_CHECK_VALUE(input_size == num_units, op, ": argument 'input_mode': input_mode "
-                      "skip_input adds the input to every gate, so input_size (", input_size,
-                      ") must equal num_units (", num_units, ")");
+    TORCH_CHECK_VALUE(input_size == num_units, op,
+                      ": argument 'input_mode': input_mode "
+                      "skip_input adds the input to every gate, so input_size (",
+                      input_size, ") must equal num_units (", num_units, ")");
   }
   return true;
 }
@@ -79,10 +89,9 @@ static void check_sizes(const char* op, const Config& cfg, bool from_shapes) {
                     ") must not exceed num_units (", cfg.U, ")");
 }
 
-Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units,
-                         int64_t input_size, c10::string_view rnn_mode,
-                         c10::string_view input_mode, c10::string_view direction,
-                         int64_t num_proj) {
+Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units, int64_t input_size,
+                         c10::string_view rnn_mode, c10::string_view input_mode,
+                         c10::string_view direction, int64_t num_proj) {
   Config cfg;
   cfg.mode = parse_mode(op, rnn_mode);
   cfg.G = gates_of(cfg.mode);
@@ -156,10 +165,11 @@ int64_t reserve_elements(const Config& cfg, bool with_dropout) {
 
 static void check_float(const char* op, const at::Tensor& t, const char* name) {
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                       st == at::kBFloat16,
-                   op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
-                   "tensor, got ", c10::toString(st));
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16,
+                   op, ": argument '", name,
+                   "' must be a float16, bfloat16, float32 or float64 "
+                   "tensor, got ",
+                   c10::toString(st));
 }
 
 static void check_like(const char* op, const at::Tensor& input, const at::Tensor& t,
@@ -182,9 +192,10 @@ static at::Tensor check_lengths(const char* op, const Config& cfg, const at::Ten
   // cuDNN rejects lengths outside [1, max_time] (TF forwards them to cuDNN unchecked).
   const int64_t* v = host.data_ptr<int64_t>();
   for (int64_t b = 0; b < cfg.B; ++b) {
-    TORCH_CHECK(v[b] >= 1 && v[b] <= cfg.T, op, ": argument 'sequence_lengths': "
-                "sequence_lengths[", b, "] = ", v[b], " is not in [1, max_time] = [1, ", cfg.T,
-                "]");
+    TORCH_CHECK(v[b] >= 1 && v[b] <= cfg.T, op,
+                ": argument 'sequence_lengths': "
+                "sequence_lengths[",
+                b, "] = ", v[b], " is not in [1, max_time] = [1, ", cfg.T, "]");
   }
   return host;
 }
@@ -218,10 +229,12 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   if (cfg.lstm()) {
     // TF's shape function checks this rank; its eager kernel does not (it would read dim 2
     // of a lower-rank tensor).
-    TORCH_CHECK(input_c.dim() == 3, op, ": argument 'input_c': RNN input_c must be a 3-D "
+    TORCH_CHECK(input_c.dim() == 3, op,
+                ": argument 'input_c': RNN input_c must be a 3-D "
                 "vector.");
     if (num_proj == 0) {
-      TORCH_CHECK(input_h.sizes() == input_c.sizes(), op, ": argument 'input_c': input_h and "
+      TORCH_CHECK(input_h.sizes() == input_c.sizes(), op,
+                  ": argument 'input_c': input_h and "
                   "input_c must have the same shape w/o projection: ",
                   tf_shape(input_h.sizes()), " ", tf_shape(input_c.sizes()));
     } else {

@@ -26,7 +26,7 @@ enum class Mode { kRnnRelu, kRnnTanh, kLstm, kGru };
 // T steps, B batch, I input size, U units, P projection (0: none), Hh = P ? P : U.
 struct Config {
   Mode mode = Mode::kLstm;
-  int64_t G = 4;  // gates per cell
+  int64_t G = 4;            // gates per cell
   bool skip_input = false;  // resolved: auto_select is skip_input when I == U
   int64_t L = 1, D = 1, T = 0, B = 0, I = 0, U = 0, P = 0, Hh = 0;
   bool time_major = true;
@@ -51,10 +51,9 @@ bool parse_skip_input(const char* op, c10::string_view input_mode, int64_t input
                       int64_t num_units);
 
 // Config from the size attrs of the params-conversion ops (num_layers, num_units, input_size).
-Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units,
-                         int64_t input_size, c10::string_view rnn_mode,
-                         c10::string_view input_mode, c10::string_view direction,
-                         int64_t num_proj);
+Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units, int64_t input_size,
+                         c10::string_view rnn_mode, c10::string_view input_mode,
+                         c10::string_view direction, int64_t num_proj);
 
 // CudnnRNNParamsSize: number of elements of the opaque buffer.
 int64_t params_size(const Config& cfg);
@@ -109,8 +108,8 @@ struct CellForward {
   at::Tensor c_prev;  // [B, U] (LSTM)
   at::Tensor lens;    // [B] int32 on the device, or undefined: every row active
   int64_t step = 0;
-  at::Tensor acts;    // [B, act_width] or undefined (inference)
-  at::Tensor c_out;   // [B, U] (LSTM), inactive rows: c_prev
+  at::Tensor acts;   // [B, act_width] or undefined (inference)
+  at::Tensor c_out;  // [B, U] (LSTM), inactive rows: c_prev
   // [B, U]: the new h (inactive rows: h_prev); with projection o*tanh(c') for every row.
   at::Tensor h_out;
   bool projected = false;
@@ -134,18 +133,18 @@ struct CellBackward {
 // GEMM with its cell (no projection). The driver falls back to the per-step calls when the
 // hook is absent or returns false.
 struct DirectionForward {
-  at::Tensor gx;              // [T, B, GU] projected inputs, or undefined: then x, W, bW
-  at::Tensor x, W, bW;        // [T, B, in_width], [GU, in_width], [GU]
-  at::Tensor R, bR;           // [GU, Hh], [GU]
-  at::Tensor h0, c0, lens;    // [B, Hh], [B, U] (LSTM), [B] int32 or undefined
-  at::Tensor acts, c, h;      // out: [T, B, act_width] (or undefined), [T, B, U], [T, B, Hh]
+  at::Tensor gx;            // [T, B, GU] projected inputs, or undefined: then x, W, bW
+  at::Tensor x, W, bW;      // [T, B, in_width], [GU, in_width], [GU]
+  at::Tensor R, bR;         // [GU, Hh], [GU]
+  at::Tensor h0, c0, lens;  // [B, Hh], [B, U] (LSTM), [B] int32 or undefined
+  at::Tensor acts, c, h;    // out: [T, B, act_width] (or undefined), [T, B, U], [T, B, Hh]
 };
 struct DirectionBackward {
   at::Tensor acts, c, h, h0, c0, R, lens;  // as saved by the forward
-  at::Tensor dy;              // [T, B, Hh], zero past each length
-  at::Tensor dh_n, dc_n;      // [B, Hh], [B, U]
-  at::Tensor dgx, dgh;        // out [T, B, GU] (dgh: GRU, else == dgx)
-  at::Tensor dh0, dc0;        // out [B, Hh], [B, U]
+  at::Tensor dy;                           // [T, B, Hh], zero past each length
+  at::Tensor dh_n, dc_n;                   // [B, Hh], [B, U]
+  at::Tensor dgx, dgh;                     // out [T, B, GU] (dgh: GRU, else == dgx)
+  at::Tensor dh0, dc0;                     // out [B, Hh], [B, U]
   // Optional: the layer input's gradient dx = dG W ([T, B, in_width], processing order) may be
   // computed step by step as well; *dx_done tells whether it was.
   at::Tensor W, dx;
@@ -174,12 +173,12 @@ void matmul_into(const CellKernels& k, const at::Tensor& out, const at::Tensor& 
                  const at::Tensor& b, bool accumulate, const at::Tensor& bias = at::Tensor());
 
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-ForwardResult forward(const at::Tensor& input, const at::Tensor& input_h,
-                      const at::Tensor& input_c, const at::Tensor& params,
-                      const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
-                      c10::string_view input_mode, c10::string_view direction, double dropout,
-                      int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
-                      bool time_major, const CellKernels& cells);
+ForwardResult forward(const at::Tensor& input, const at::Tensor& input_h, const at::Tensor& input_c,
+                      const at::Tensor& params, const at::Tensor& sequence_lengths,
+                      c10::string_view rnn_mode, c10::string_view input_mode,
+                      c10::string_view direction, double dropout, int64_t seed, int64_t seed2,
+                      int64_t num_proj, bool is_training, bool time_major,
+                      const CellKernels& cells);
 
 using BackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 BackwardResult backward(const at::Tensor& input, const at::Tensor& input_h,
@@ -203,8 +202,8 @@ ForwardResult forward_op(const at::Tensor& input, const at::Tensor& input_h,
                          c10::string_view input_mode, c10::string_view direction, double dropout,
                          int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
                          bool time_major) {
-  return forward(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode,
-                 direction, dropout, seed, seed2, num_proj, is_training, time_major, cells);
+  return forward(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode, direction,
+                 dropout, seed, seed2, num_proj, is_training, time_major, cells);
 }
 
 template <const CellKernels& cells>
@@ -212,13 +211,11 @@ BackwardResult backward_op(const at::Tensor& input, const at::Tensor& input_h,
                            const at::Tensor& input_c, const at::Tensor& params,
                            const at::Tensor& sequence_lengths, const at::Tensor& output,
                            const at::Tensor& output_h, const at::Tensor& output_c,
-                           const at::Tensor& output_backprop,
-                           const at::Tensor& output_h_backprop,
-                           const at::Tensor& output_c_backprop,
-                           const at::Tensor& reserve_space, const at::Tensor& host_reserved,
-                           c10::string_view rnn_mode, c10::string_view input_mode,
-                           c10::string_view direction, double dropout, int64_t seed,
-                           int64_t seed2, int64_t num_proj, bool time_major) {
+                           const at::Tensor& output_backprop, const at::Tensor& output_h_backprop,
+                           const at::Tensor& output_c_backprop, const at::Tensor& reserve_space,
+                           const at::Tensor& host_reserved, c10::string_view rnn_mode,
+                           c10::string_view input_mode, c10::string_view direction, double dropout,
+                           int64_t seed, int64_t seed2, int64_t num_proj, bool time_major) {
   return backward(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
                   output_backprop, output_h_backprop, output_c_backprop, reserve_space,
                   host_reserved, rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj,

@@ -5,11 +5,11 @@
 // direction's whole step loop itself (forward_direction / backward_direction, the input
 // projection included) and the weight gradients as one product (weight_grads).
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ThreadLocalState.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
 #include <vector>
@@ -75,9 +75,8 @@ struct Steps {
         pp[s * cfg.B + b] = (s < len[b] ? len[b] - 1 - s : s) * cfg.B + b;
     perm = p.to(opts.device());
     lens = host.to(at::kInt).to(opts.device());
-    active = at::arange(cfg.T, host.options()).view({cfg.T, 1, 1})
-                 .lt(host.view({1, cfg.B, 1}))
-                 .to(opts);
+    active =
+        at::arange(cfg.T, host.options()).view({cfg.T, 1, 1}).lt(host.view({1, cfg.B, 1})).to(opts);
     inactive = 1 - active;
     active_rows = active.to(at::kBool);
   }
@@ -199,9 +198,8 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
   const char* op = "cudnn_rnn_v3";
   // Our internal ATen calls (out= variants included) are not part of any autograd graph.
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths,
-                                   rnn_mode, input_mode, direction, dropout, num_proj,
-                                   time_major);
+  const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths, rnn_mode,
+                                   input_mode, direction, dropout, num_proj, time_major);
   const at::ScalarType A = compute_dtype(input.scalar_type());
   const auto opts = input.options().dtype(A);
   const int64_t T = cfg.T, B = cfg.B, LD = cfg.L * cfg.D, Hh = cfg.Hh, U = cfg.U;
@@ -213,8 +211,8 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
   const auto lps = layer_params(cfg, w);
   const Steps steps(cfg, opts);
   const bool use_dropout = is_training && dropout > 0 && cfg.L > 1;
-  Reserve reserve{cfg, is_training ? at::empty({reserve_elements(cfg, use_dropout)}, opts)
-                                   : Tensor(), opts};
+  Reserve reserve{
+      cfg, is_training ? at::empty({reserve_elements(cfg, use_dropout)}, opts) : Tensor(), opts};
   at::Generator gen;
   if (use_dropout) gen = dropout_generator(seed, seed2);
 
@@ -231,8 +229,9 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
       const Reserve::Pseudo& sv = saved[d];
       // Reorder the (narrower) input rather than its projection.
       const Tensor x_d = d ? steps.reorder(x, d).contiguous() : x;
-      DirectionForward fused{Tensor(), Tensor(), Tensor(), Tensor(), lp.R, lp.bR, h0[p],
-                             cfg.lstm() ? c0[p] : Tensor(), steps.lens, sv.acts, sv.c, sv.h};
+      DirectionForward fused{Tensor(),   Tensor(), Tensor(), Tensor(),
+                             lp.R,       lp.bR,    h0[p],    cfg.lstm() ? c0[p] : Tensor(),
+                             steps.lens, sv.acts,  sv.c,     sv.h};
       if (cfg.has_input_weights(layer)) {  // a kernel may project each step's inputs itself
         fused.x = x_d;
         fused.W = lp.W;
@@ -303,10 +302,10 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
 
 namespace {
 
-void check_shape(const char* op, const char* name, const Tensor& t,
-                 c10::IntArrayRef expected, const Tensor& input) {
-  TORCH_CHECK(t.sizes() == expected, op, ": argument '", name, "': Invalid ", name, " shape: ",
-              tf_shape(t.sizes()), " ", tf_shape(expected));
+void check_shape(const char* op, const char* name, const Tensor& t, c10::IntArrayRef expected,
+                 const Tensor& input) {
+  TORCH_CHECK(t.sizes() == expected, op, ": argument '", name, "': Invalid ", name,
+              " shape: ", tf_shape(t.sizes()), " ", tf_shape(expected));
   TORCH_CHECK_TYPE(t.scalar_type() == input.scalar_type(), op, ": argument '", name,
                    "' must have the dtype of input (", c10::toString(input.scalar_type()),
                    "), got ", c10::toString(t.scalar_type()));
@@ -316,22 +315,21 @@ void check_shape(const char* op, const char* name, const Tensor& t,
 }  // namespace
 
 BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor& input_c,
-                        const Tensor& params, const Tensor& sequence_lengths,
-                        const Tensor& output, const Tensor& output_h, const Tensor& output_c,
+                        const Tensor& params, const Tensor& sequence_lengths, const Tensor& output,
+                        const Tensor& output_h, const Tensor& output_c,
                         const Tensor& output_backprop, const Tensor& output_h_backprop,
                         const Tensor& output_c_backprop, const Tensor& reserve_space,
                         const Tensor& host_reserved, c10::string_view rnn_mode,
-                        c10::string_view input_mode, c10::string_view direction,
-                        double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
-                        bool time_major, const CellKernels& cells) {
+                        c10::string_view input_mode, c10::string_view direction, double dropout,
+                        int64_t seed, int64_t seed2, int64_t num_proj, bool time_major,
+                        const CellKernels& cells) {
   (void)host_reserved;  // TF's BackpropV3 ignores it too.
   (void)seed;
   (void)seed2;  // the dropout mask is read back from reserve_space
   const char* op = "cudnn_rnn_backprop_v3";
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths,
-                                   rnn_mode, input_mode, direction, dropout, num_proj,
-                                   time_major);
+  const Config cfg = check_forward(op, input, input_h, input_c, params, sequence_lengths, rnn_mode,
+                                   input_mode, direction, dropout, num_proj, time_major);
   const int64_t T = cfg.T, B = cfg.B, LD = cfg.L * cfg.D, Hh = cfg.Hh, U = cfg.U;
   // TF's backprop checks (CudnnRNNBackprop's), in its order.
   const std::vector<int64_t> out_shape = time_major ? std::vector<int64_t>{T, B, cfg.D * Hh}
@@ -347,18 +345,18 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
   const at::ScalarType A = compute_dtype(dtype);
   const auto opts = input.options().dtype(A);
   const bool use_dropout = dropout > 0 && cfg.L > 1;
-  const int64_t reserve_numel =
-      reserve_elements(cfg, use_dropout) * static_cast<int64_t>(c10::elementSize(A) /
-                                                                c10::elementSize(dtype));
+  const int64_t reserve_numel = reserve_elements(cfg, use_dropout) *
+                                static_cast<int64_t>(c10::elementSize(A) / c10::elementSize(dtype));
   TORCH_CHECK(reserve_space.dim() == 1 && reserve_space.numel() == reserve_numel, op,
               ": argument 'reserve_space' must be the reserve_space of a training-mode "
-              "cudnn_rnn_v3 call with the same arguments (", reserve_numel,
-              " elements), got shape ", tf_shape(reserve_space.sizes()),
+              "cudnn_rnn_v3 call with the same arguments (",
+              reserve_numel, " elements), got shape ", tf_shape(reserve_space.sizes()),
               "; to use cudnn_rnn_v3 in gradients, is_training must be set to True");
   check_same_device(input, reserve_space, op, "input", "reserve_space");
-  TORCH_CHECK_TYPE(reserve_space.scalar_type() == dtype, op, ": argument 'reserve_space' must "
-                   "have the dtype of input (", c10::toString(dtype), "), got ",
-                   c10::toString(reserve_space.scalar_type()));
+  TORCH_CHECK_TYPE(reserve_space.scalar_type() == dtype, op,
+                   ": argument 'reserve_space' must "
+                   "have the dtype of input (",
+                   c10::toString(dtype), "), got ", c10::toString(reserve_space.scalar_type()));
 
   const Tensor x = (time_major ? input : input.transpose(0, 1)).to(A).contiguous();
   const Tensor h0 = state_view(input_h, LD, B, Hh, A);
@@ -410,13 +408,24 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       Tensor dgx = scratch_empty({T, B, cfg.GU()}, opts);
       Tensor dgh = cfg.mode == Mode::kGru ? scratch_empty({T, B, cfg.GU()}, opts) : dgx;
       Tensor dhp = cfg.P > 0 ? at::empty({T, B, Hh}, opts) : Tensor();
-      DirectionBackward fused{sv.acts, sv.c, sv.h, h0[p], cfg.lstm() ? c0[p] : Tensor(),
-                              lp.R, steps.lens, dy, dh_n[p],
-                              cfg.lstm() ? dc_n[p] : Tensor(), dgx, dgh, dh0[p],
+      DirectionBackward fused{sv.acts,
+                              sv.c,
+                              sv.h,
+                              h0[p],
+                              cfg.lstm() ? c0[p] : Tensor(),
+                              lp.R,
+                              steps.lens,
+                              dy,
+                              dh_n[p],
+                              cfg.lstm() ? dc_n[p] : Tensor(),
+                              dgx,
+                              dgh,
+                              dh0[p],
                               cfg.lstm() ? dc0[p] : Tensor()};
       // The layer input's gradient, in processing order: d_in itself for the forward direction.
       const Tensor d_in_p = !cfg.has_input_weights(layer) ? Tensor()
-                            : d == 0 ? d_in : scratch_empty({T, B, in_w}, opts);
+                            : d == 0                      ? d_in
+                                                          : scratch_empty({T, B, in_w}, opts);
       bool d_in_done = false;
       if (d_in_p.defined()) {
         fused.W = lp.W;
@@ -482,7 +491,8 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       // its gradient, not dG.
       const Tensor dgx_p = dgx.view({TB, cfg.GU()});
       const Tensor x_p = !cfg.has_input_weights(layer) ? Tensor()
-                         : d ? steps.reorder(x_l, d).contiguous() : x_l;
+                         : d                           ? steps.reorder(x_l, d).contiguous()
+                                                       : x_l;
       // Both weights see the same gate gradients (all but GRU): a kernel may do the weight and
       // bias gradients in one.
       const bool weights_done = x_p.defined() && dgh.is_same(dgx) && cells.weight_grads &&
@@ -497,8 +507,8 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
       if (!weights_done) {
         g.bW.copy_(dgx.view({TB, cfg.GU()}).sum(0));
         // dR = sum_s dgh_s^T h_{s-1}: the hidden states shifted by one step, h0 first.
-        const Tensor h_prev_all =
-            T > 1 ? at::cat({h0[p].unsqueeze(0), sv.h.narrow(0, 0, T - 1)}) : h0[p].unsqueeze(0);
+        const Tensor h_prev_all = T > 1 ? at::cat({h0[p].unsqueeze(0), sv.h.narrow(0, 0, T - 1)})
+                                        : h0[p].unsqueeze(0);
         matmul_into(cells, g.R, dgh.reshape({TB, cfg.GU()}).t(), h_prev_all.reshape({TB, Hh}),
                     false);
       }

@@ -24,15 +24,14 @@ std::string config_text(const Config& cfg) {
 void check_tensors(const char* op, const char* name, at::TensorList ts,
                    const std::vector<std::vector<int64_t>>& shapes, const Config& cfg,
                    const at::Tensor& ref) {
-  TORCH_CHECK(ts.size() == shapes.size(), op, ": argument '", name, "': expected ",
-              shapes.size(), " tensors for this configuration (", config_text(cfg), "), got ",
-              ts.size());
+  TORCH_CHECK(ts.size() == shapes.size(), op, ": argument '", name, "': expected ", shapes.size(),
+              " tensors for this configuration (", config_text(cfg), "), got ", ts.size());
   for (size_t k = 0; k < ts.size(); ++k) {
-    TORCH_CHECK(ts[k].sizes() == c10::IntArrayRef(shapes[k]), op, ": argument '", name, "': ",
-                name, "[", k, "] must have shape ", tf_shape(shapes[k]), ", got ",
+    TORCH_CHECK(ts[k].sizes() == c10::IntArrayRef(shapes[k]), op, ": argument '", name, "': ", name,
+                "[", k, "] must have shape ", tf_shape(shapes[k]), ", got ",
                 tf_shape(ts[k].sizes()));
-    TORCH_CHECK_TYPE(ts[k].scalar_type() == ref.scalar_type(), op, ": argument '", name, "': ",
-                     name, "[", k, "] must have dtype ", c10::toString(ref.scalar_type()),
+    TORCH_CHECK_TYPE(ts[k].scalar_type() == ref.scalar_type(), op, ": argument '", name,
+                     "': ", name, "[", k, "] must have dtype ", c10::toString(ref.scalar_type()),
                      ", got ", c10::toString(ts[k].scalar_type()));
     check_same_device(ref, ts[k], op, "weights[0]", name);
   }
@@ -45,15 +44,16 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
                                c10::string_view rnn_mode, c10::string_view input_mode,
                                c10::string_view direction, int64_t num_proj) {
   const char* op = "cudnn_rnn_canonical_to_params_v2";
-  const Config cfg = config_from_sizes(op, num_layers, num_units, input_size, rnn_mode,
-                                       input_mode, direction, num_proj);
+  const Config cfg = config_from_sizes(op, num_layers, num_units, input_size, rnn_mode, input_mode,
+                                       direction, num_proj);
   TORCH_CHECK(!weights.empty(), op, ": argument 'weights' must not be empty");
   const at::Tensor& ref = weights[0];
   const auto st = ref.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                       st == at::kBFloat16,
-                   op, ": argument 'weights' must hold float16, bfloat16, float32 or float64 "
-                   "tensors, got ", c10::toString(st));
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16,
+                   op,
+                   ": argument 'weights' must hold float16, bfloat16, float32 or float64 "
+                   "tensors, got ",
+                   c10::toString(st));
   check_tensors(op, "weights", weights, canonical_weight_shapes(cfg), cfg, ref);
   check_tensors(op, "biases", biases, canonical_bias_shapes(cfg), cfg, ref);
   // Per pseudo-layer: gate input and recurrent matrices, input and recurrent biases, then the
@@ -76,8 +76,8 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
     int64_t num_params_weights, int64_t num_params_biases, c10::string_view rnn_mode,
     c10::string_view input_mode, c10::string_view direction, int64_t num_proj) {
   const char* op = "cudnn_rnn_params_to_canonical_v2";
-  const Config cfg = config_from_sizes(op, num_layers, num_units, input_size, rnn_mode,
-                                       input_mode, direction, num_proj);
+  const Config cfg = config_from_sizes(op, num_layers, num_units, input_size, rnn_mode, input_mode,
+                                       direction, num_proj);
   const auto weight_shapes = canonical_weight_shapes(cfg);
   const auto bias_shapes = canonical_bias_shapes(cfg);
   const int64_t LD = cfg.L * cfg.D;
@@ -85,16 +85,20 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
   TORCH_CHECK_VALUE(num_params_weights >= 1 && num_params_biases >= 1, op,
                     ": num_params_weights and num_params_biases must be >= 1");
   if (!cfg.skip_input) {
-    TORCH_CHECK_VALUE(num_params_weights % LD == 0, op, ": Number of params (weights) is not a "
+    TORCH_CHECK_VALUE(num_params_weights % LD == 0, op,
+                      ": Number of params (weights) is not a "
                       "multipleof num_layers * num_dirs.");
-    TORCH_CHECK_VALUE(num_params_biases % LD == 0, op, ": Number of params (biases) is not a "
+    TORCH_CHECK_VALUE(num_params_biases % LD == 0, op,
+                      ": Number of params (biases) is not a "
                       "multipleof num_layers * num_dirs.");
     const int64_t per_layer = num_params_weights / LD;
     if (cfg.P == 0) {
-      TORCH_CHECK_VALUE(per_layer % 2 == 0, op, ": Number of params (weights) per layer is not"
+      TORCH_CHECK_VALUE(per_layer % 2 == 0, op,
+                        ": Number of params (weights) per layer is not"
                         "an even number with no projection.");
     } else {
-      TORCH_CHECK_VALUE(per_layer % 2 == 1, op, ": Number of params (weights) per layer is not"
+      TORCH_CHECK_VALUE(per_layer % 2 == 1, op,
+                        ": Number of params (weights) per layer is not"
                         "an odl number with projection.");
     }
   }
@@ -111,10 +115,11 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
               " elements but cudnn_rnn_params_size of this configuration (", config_text(cfg),
               ") is ", expected);
   const auto st = params.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                       st == at::kBFloat16,
-                   op, ": argument 'params' must be a float16, bfloat16, float32 or float64 "
-                   "tensor, got ", c10::toString(st));
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16,
+                   op,
+                   ": argument 'params' must be a float16, bfloat16, float32 or float64 "
+                   "tensor, got ",
+                   c10::toString(st));
   std::vector<at::Tensor> weights, biases;
   int64_t off = 0;
   auto take = [&](const std::vector<int64_t>& shape) {

@@ -31,7 +31,8 @@ Attrs check_attrs(const char* op, c10::IntArrayRef strides, c10::string_view pad
   Attrs a{};
   TORCH_CHECK_VALUE(data_format == "NHWC" || data_format == "NCHW", op,
                     ": argument 'data_format': Value for attr 'data_format' of \"",
-                    std::string(data_format), "\" is not in the list of allowed values: \"NHWC\", "
+                    std::string(data_format),
+                    "\" is not in the list of allowed values: \"NHWC\", "
                     "\"NCHW\"");
   a.nchw = data_format == "NCHW";
   if (padding == "SAME") {
@@ -39,43 +40,54 @@ Attrs check_attrs(const char* op, c10::IntArrayRef strides, c10::string_view pad
   } else if (padding == "VALID") {
     a.padding = Padding::kValid;
   } else {
-    TORCH_CHECK_VALUE(padding == "EXPLICIT", op, ": argument 'padding': Value for attr "
-                      "'padding' of \"", std::string(padding), "\" is not in the list of allowed "
+    TORCH_CHECK_VALUE(padding == "EXPLICIT", op,
+                      ": argument 'padding': Value for attr "
+                      "'padding' of \"",
+                      std::string(padding),
+                      "\" is not in the list of allowed "
                       "values: \"SAME\", \"VALID\", \"EXPLICIT\"");
     a.padding = Padding::kExplicit;
   }
   const int n = 0, c = a.nchw ? 1 : 3, h = a.nchw ? 2 : 1, w = a.nchw ? 3 : 2;
-  TORCH_CHECK_VALUE(strides.size() == 4, op, ": argument 'strides': Sliding window strides "
+  TORCH_CHECK_VALUE(strides.size() == 4, op,
+                    ": argument 'strides': Sliding window strides "
                     "field must specify 4 dimensions");
-  TORCH_CHECK_VALUE(strides[n] == 1 && strides[c] == 1, op, ": argument 'strides': Current "
+  TORCH_CHECK_VALUE(strides[n] == 1 && strides[c] == 1, op,
+                    ": argument 'strides': Current "
                     "implementation does not yet support strides in the batch and depth "
                     "dimensions.");
   // TF's CheckValidPadding.
   if (a.padding == Padding::kExplicit) {
-    TORCH_CHECK_VALUE(explicit_paddings.size() == 8, op, ": argument 'explicit_paddings': "
+    TORCH_CHECK_VALUE(explicit_paddings.size() == 8, op,
+                      ": argument 'explicit_paddings': "
                       "explicit_paddings attribute must contain 8 values, but got: ",
                       explicit_paddings.size());
     for (int64_t v : explicit_paddings)
-      TORCH_CHECK_VALUE(v >= 0, op, ": argument 'explicit_paddings': All elements of "
+      TORCH_CHECK_VALUE(v >= 0, op,
+                        ": argument 'explicit_paddings': All elements of "
                         "explicit_paddings must be nonnegative");
     TORCH_CHECK_VALUE(explicit_paddings[2 * n] == 0 && explicit_paddings[2 * n + 1] == 0 &&
                           explicit_paddings[2 * c] == 0 && explicit_paddings[2 * c + 1] == 0,
-                      op, ": argument 'explicit_paddings': Nonzero explicit padding in the batch "
+                      op,
+                      ": argument 'explicit_paddings': Nonzero explicit padding in the batch "
                       "or depth dimensions is not supported");
     a.pt = explicit_paddings[2 * h];
     a.pb = explicit_paddings[2 * h + 1];
     a.pl = explicit_paddings[2 * w];
     a.pr = explicit_paddings[2 * w + 1];
   } else {
-    TORCH_CHECK_VALUE(explicit_paddings.empty(), op, ": argument 'explicit_paddings': "
+    TORCH_CHECK_VALUE(explicit_paddings.empty(), op,
+                      ": argument 'explicit_paddings': "
                       "explicit_paddings attribute must be empty if the padding attribute is not "
                       "EXPLICIT");
   }
   // TF's shape-function messages for dilations (its Eigen kernels refuse any dilation).
-  TORCH_CHECK_VALUE(dilations.size() == 4, op, ": argument 'dilations': DepthwiseConv2D "
+  TORCH_CHECK_VALUE(dilations.size() == 4, op,
+                    ": argument 'dilations': DepthwiseConv2D "
                     "requires the dilations attribute to contain 4 values, but got: ",
                     dilations.size());
-  TORCH_CHECK_VALUE(dilations[n] == 1 && dilations[c] == 1, op, ": argument 'dilations': "
+  TORCH_CHECK_VALUE(dilations[n] == 1 && dilations[c] == 1, op,
+                    ": argument 'dilations': "
                     "Current implementation does not yet support dilations in the batch and "
                     "depth dimensions.");
   for (int64_t d : {dilations[h], dilations[w]})
@@ -99,9 +111,7 @@ int64_t window(const char* op, const char* arg, int64_t in, int64_t k, int64_t s
   __int128 out = 0;
   *pad = 0;
   switch (a.padding) {
-    case Padding::kValid:
-      out = (in - K + s) / s;
-      break;
+    case Padding::kValid: out = (in - K + s) / s; break;
     case Padding::kSame: {
       out = (static_cast<__int128>(in) + s - 1) / s;
       __int128 total = (out - 1) * s + K - in;
@@ -116,9 +126,10 @@ int64_t window(const char* op, const char* arg, int64_t in, int64_t k, int64_t s
       *pad = pad_before;
       break;
   }
-  TORCH_CHECK(out >= 0, op, ": argument '", arg, "': Computed output size would be negative: ",
-              static_cast<int64_t>(out), " [input_size: ", in, ", effective_filter_size: ",
-              static_cast<int64_t>(K), ", stride: ", s, "]");
+  TORCH_CHECK(out >= 0, op, ": argument '", arg,
+              "': Computed output size would be negative: ", static_cast<int64_t>(out),
+              " [input_size: ", in, ", effective_filter_size: ", static_cast<int64_t>(K),
+              ", stride: ", s, "]");
   TORCH_CHECK(out <= std::numeric_limits<int32_t>::max(), op, ": argument '", arg,
               "': Computed output size too large: ", static_cast<int64_t>(out));
   return static_cast<int64_t>(out);
@@ -152,18 +163,21 @@ void check_sizes(const char* op, const char* name, c10::IntArrayRef sizes) {
     TORCH_CHECK_VALUE(sizes[i] >= 0, op, ": argument '", name, "': Dimension ", i, " of ", name,
                       " must be >= 0");
     const int64_t next = multiply_without_overflow(elems, sizes[i]);
-    TORCH_CHECK_VALUE(next >= 0, op, ": argument '", name, "': Encountered overflow when "
-                      "multiplying ", elems, " with ", sizes[i], ", result: ", next);
+    TORCH_CHECK_VALUE(next >= 0, op, ": argument '", name,
+                      "': Encountered overflow when "
+                      "multiplying ",
+                      elems, " with ", sizes[i], ", result: ", next);
     elems = next;
   }
 }
 
 void check_float(const char* op, const char* name, const at::Tensor& t) {
   const auto st = t.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf ||
-                       st == at::kBFloat16,
-                   op, ": argument '", name, "' must be a float16, bfloat16, float32 or float64 "
-                   "tensor, got ", st);
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16,
+                   op, ": argument '", name,
+                   "' must be a float16, bfloat16, float32 or float64 "
+                   "tensor, got ",
+                   st);
 }
 
 void check_same_dtype(const char* op, const at::Tensor& ref, const char* ref_name,
@@ -221,10 +235,14 @@ Geometry check_backprop(const char* op, const char* label, const char* input_arg
   TORCH_CHECK(g.M * g.C == dyC, op, ": argument 'out_backprop': ", label,
               ": depth_multiplier * in_depth not equal to out_depth");
   set_window(op, input_arg, a, &g);
-  TORCH_CHECK(g.Ho == dyH, op, ": argument 'out_backprop': ", label, ": Number of rows of "
-              "out_backprop doesn't match computed: actual = ", dyH, ", computed = ", g.Ho);
-  TORCH_CHECK(g.Wo == dyW, op, ": argument 'out_backprop': ", label, ": Number of cols of "
-              "out_backprop doesn't match computed: actual = ", dyW, ", computed = ", g.Wo);
+  TORCH_CHECK(g.Ho == dyH, op, ": argument 'out_backprop': ", label,
+              ": Number of rows of "
+              "out_backprop doesn't match computed: actual = ",
+              dyH, ", computed = ", g.Ho);
+  TORCH_CHECK(g.Wo == dyW, op, ": argument 'out_backprop': ", label,
+              ": Number of cols of "
+              "out_backprop doesn't match computed: actual = ",
+              dyW, ", computed = ", g.Wo);
   return g;
 }
 
@@ -245,12 +263,14 @@ Geometry check_forward(const char* op, const at::Tensor& input, const at::Tensor
   const Attrs a = check_attrs(op, strides, padding, explicit_paddings, data_format, dilations);
   TORCH_CHECK(input.dim() == 4, op, ": argument 'input': input must be 4-dimensional",
               tf_shape(input.sizes()));
-  TORCH_CHECK(filter.dim() == 4, op, ": argument 'filter': filter must be 4-dimensional: ",
-              tf_shape(filter.sizes()));
+  TORCH_CHECK(filter.dim() == 4, op,
+              ": argument 'filter': filter must be 4-dimensional: ", tf_shape(filter.sizes()));
   Geometry g;
   nhwc_of(input.sizes(), a.nchw, &g.N, &g.H, &g.W, &g.C);
-  TORCH_CHECK(g.C == filter.size(2), op, ": argument 'filter': input and filter must have the "
-              "same depth: ", g.C, " vs ", filter.size(2));
+  TORCH_CHECK(g.C == filter.size(2), op,
+              ": argument 'filter': input and filter must have the "
+              "same depth: ",
+              g.C, " vs ", filter.size(2));
   check_float(op, "input", input);
   check_same_dtype(op, input, "input", filter, "filter");
   check_same_device(input, filter, op, "input", "filter");

@@ -90,13 +90,13 @@ inline int64_t cell_end(const std::vector<int64_t>& seq, int64_t i, bool overlap
 
 // The sequences of a gradient call must describe real cells: strictly increasing from >= 0 to
 // at most the input length. (TF reads and writes out of bounds otherwise, or divides by 0.)
-void check_cells(const char* op, const char* name, const std::vector<int64_t>& seq,
-                 int64_t cells, int64_t size, const char* axis) {
+void check_cells(const char* op, const char* name, const std::vector<int64_t>& seq, int64_t cells,
+                 int64_t size, const char* axis) {
   bool ok = seq[0] >= 0 && seq[cells] <= size;
   for (int64_t i = 0; ok && i < cells; ++i) ok = seq[i] < seq[i + 1];
   TORCH_CHECK(ok, op, ": argument '", name, "': the first ", cells + 1,
-              " values must be strictly increasing, from >= 0 to at most the input's ", axis,
-              " (", size, "), got ", short_format(seq, cells + 1));
+              " values must be strictly increasing, from >= 0 to at most the input's ", axis, " (",
+              size, "), got ", short_format(seq, cells + 1));
 }
 
 // TF's in-loop check of FractionalAvgPoolGrad (its last check), with its loop order: row r's check,
@@ -112,12 +112,18 @@ void check_not_negative_like_tf(const char* op, const std::vector<int64_t>& rows
     if (bad(rows, r, H)) first_bad_row = r;
   bool bad_col = false;
   for (int64_t c = 0; c < out_cols && !bad_col; ++c) bad_col = bad(cols, c, W);
-  TORCH_CHECK(first_bad_row != 0, op, ": argument 'row_pooling_sequence': Row sequence tensor "
-              "values must not be negative, got ", eigen_format(rows));
-  TORCH_CHECK(!bad_col, op, ": argument 'col_pooling_sequence': Column sequence tensor values "
-              "must not be negative, got ", eigen_format(cols));
-  TORCH_CHECK(first_bad_row < 0, op, ": argument 'row_pooling_sequence': Row sequence tensor "
-              "values must not be negative, got ", eigen_format(rows));
+  TORCH_CHECK(first_bad_row != 0, op,
+              ": argument 'row_pooling_sequence': Row sequence tensor "
+              "values must not be negative, got ",
+              eigen_format(rows));
+  TORCH_CHECK(!bad_col, op,
+              ": argument 'col_pooling_sequence': Column sequence tensor values "
+              "must not be negative, got ",
+              eigen_format(cols));
+  TORCH_CHECK(first_bad_row < 0, op,
+              ": argument 'row_pooling_sequence': Row sequence tensor "
+              "values must not be negative, got ",
+              eigen_format(rows));
 }
 
 std::vector<int64_t> generate(int64_t n_in, int64_t n_out, philox::GuardedPhilox& gen,
@@ -218,8 +224,10 @@ void check_value_dtype(const char* op, const char* name, const at::Tensor& t) {
   const auto s = t.scalar_type();
   TORCH_CHECK_TYPE(s == at::kFloat || s == at::kDouble || s == at::kInt || s == at::kLong ||
                        s == at::kHalf || s == at::kBFloat16,
-                   op, ": argument '", name, "' must be float32, float64, int32, int64, float16 "
-                   "or bfloat16, got ", s);
+                   op, ": argument '", name,
+                   "' must be float32, float64, int32, int64, float16 "
+                   "or bfloat16, got ",
+                   s);
 }
 
 PoolShape check_pool(const char* op, bool is_max, const at::Tensor& value,
@@ -228,28 +236,32 @@ PoolShape check_pool(const char* op, bool is_max, const at::Tensor& value,
   const int64_t n = static_cast<int64_t>(pooling_ratio.size());
   TORCH_CHECK_VALUE(n >= 4, op, ": argument 'pooling_ratio': Length for attr 'pooling_ratio' of ",
                     n, " must be at least minimum 4");
-  TORCH_CHECK_VALUE(n == 4, op, ": argument 'pooling_ratio': pooling_ratio field must specify 4 "
+  TORCH_CHECK_VALUE(n == 4, op,
+                    ": argument 'pooling_ratio': pooling_ratio field must specify 4 "
                     "dimensions");
   float ratio[4];  // TF stores float attrs as float32
   for (int i = 0; i < 4; ++i) {
     ratio[i] = static_cast<float>(pooling_ratio[i]);
-    TORCH_CHECK_VALUE(ratio[i] >= 1.0f, op, ": argument 'pooling_ratio': pooling_ratio cannot "
-                      "be smaller than 1, got: ", format_float(ratio[i]));
+    TORCH_CHECK_VALUE(ratio[i] >= 1.0f, op,
+                      ": argument 'pooling_ratio': pooling_ratio cannot "
+                      "be smaller than 1, got: ",
+                      format_float(ratio[i]));
   }
   TORCH_CHECK_NOT_IMPLEMENTED(ratio[0] == 1.0f && ratio[3] == 1.0f, op,
-                              ": argument 'pooling_ratio': Fractional ",
-                              is_max ? "max" : "average",
+                              ": argument 'pooling_ratio': Fractional ", is_max ? "max" : "average",
                               " pooling is not yet supported on the batch nor channel dimension.");
-  TORCH_CHECK_VALUE(deterministic || (seed == 0 && seed2 == 0), op, ": argument 'seed': Both "
+  TORCH_CHECK_VALUE(deterministic || (seed == 0 && seed2 == 0), op,
+                    ": argument 'seed': Both "
                     "seed and seed2 should be 0 if deterministic is false.");
   TORCH_CHECK(value.dim() == 4, op, ": argument 'value': tensor_in must be 4-dimensional");
   check_value_dtype(op, "value", value);
   int64_t out[4];
   for (int i = 0; i < 4; ++i) {
     const int64_t d = value.size(i);
-    TORCH_CHECK(static_cast<float>(d) >= ratio[i], op, ": argument 'value': Pooling ratio is "
-                "higher than input dimension size for dimension ", i, ". Input dim size: ", d,
-                " pooling ratio: ", format_float(ratio[i]));
+    TORCH_CHECK(static_cast<float>(d) >= ratio[i], op,
+                ": argument 'value': Pooling ratio is "
+                "higher than input dimension size for dimension ",
+                i, ". Input dim size: ", d, " pooling ratio: ", format_float(ratio[i]));
     out[i] = static_cast<int64_t>(std::floor(static_cast<float>(d) / ratio[i]));
   }
   return {value.size(0), value.size(1), value.size(2), value.size(3), out[1], out[2]};
@@ -259,7 +271,8 @@ std::vector<int64_t> pooling_sequence(int64_t input_length, int64_t output_lengt
                                       bool pseudo_random, int64_t seed, int64_t seed2) {
   TORCH_CHECK_VALUE(output_length >= 1 && output_length <= input_length,
                     "fractional_pooling_sequence: argument 'output_length' must be in [1, "
-                    "input_length = ", input_length, "], got ", output_length);
+                    "input_length = ",
+                    input_length, "], got ", output_length);
   resolve_seeds(seed, seed2);
   philox::GuardedPhilox gen(static_cast<uint64_t>(seed), static_cast<uint64_t>(seed2));
   return generate(input_length, output_length, gen, pseudo_random);
@@ -276,48 +289,63 @@ std::pair<at::Tensor, at::Tensor> pooling_sequences(const PoolShape& s, bool pse
 
 GradPlan check_avg_grad(const char* op, c10::IntArrayRef orig, const at::Tensor& dy,
                         const at::Tensor& row_seq, const at::Tensor& col_seq, bool overlapping) {
-  TORCH_CHECK_VALUE(orig.size() == 4, op, ": argument 'orig_input_tensor_shape': original "
+  TORCH_CHECK_VALUE(orig.size() == 4, op,
+                    ": argument 'orig_input_tensor_shape': original "
                     "input tensor shape must be1-dimensional and 4 elements");
-  TORCH_CHECK(dy.dim() == 4, op, ": argument 'out_backprop': out_backprop must be "
+  TORCH_CHECK(dy.dim() == 4, op,
+              ": argument 'out_backprop': out_backprop must be "
               "4-dimensional");
   for (int i = 0; i < 4; ++i)
-    TORCH_CHECK(dy.size(i) > 0, op, ": argument 'out_backprop': out_backprop must be positive "
-                "for all dimension, got:", dy.size(i));
+    TORCH_CHECK(dy.size(i) > 0, op,
+                ": argument 'out_backprop': out_backprop must be positive "
+                "for all dimension, got:",
+                dy.size(i));
   check_value_dtype(op, "out_backprop", dy);
   const auto rows = host_values(op, "row_pooling_sequence", row_seq);
   const auto cols = host_values(op, "col_pooling_sequence", col_seq);
   const int64_t out_rows = dy.size(1), out_cols = dy.size(2);
-  TORCH_CHECK(static_cast<int64_t>(rows.size()) > out_rows, op, ": argument "
-              "'row_pooling_sequence': Given out_backprop shape ", tf_shape(dy.sizes()),
-              ", row_seq_tensor must have at least ", out_rows + 1, " elements, but got ",
-              rows.size());
-  TORCH_CHECK(static_cast<int64_t>(cols.size()) > out_cols, op, ": argument "
-              "'col_pooling_sequence': Given out_backprop shape ", tf_shape(dy.sizes()),
-              ", col_seq_tensor must have at least ", out_cols + 1, " elements, but got ",
-              cols.size());
+  TORCH_CHECK(static_cast<int64_t>(rows.size()) > out_rows, op,
+              ": argument "
+              "'row_pooling_sequence': Given out_backprop shape ",
+              tf_shape(dy.sizes()), ", row_seq_tensor must have at least ", out_rows + 1,
+              " elements, but got ", rows.size());
+  TORCH_CHECK(static_cast<int64_t>(cols.size()) > out_cols, op,
+              ": argument "
+              "'col_pooling_sequence': Given out_backprop shape ",
+              tf_shape(dy.sizes()), ", col_seq_tensor must have at least ", out_cols + 1,
+              " elements, but got ", cols.size());
   const char* dim_names[4] = {"Batch", "Rows", "Columns", "Depth"};
   for (int i = 0; i < 4; ++i)
     TORCH_CHECK_VALUE(orig[i] != 0, op, ": argument 'orig_input_tensor_shape': ", dim_names[i],
                       " dimension of input must not be 0");
   int64_t numel = 1;
   for (int i = 0; i < 4; ++i) {
-    TORCH_CHECK_VALUE(orig[i] >= 0, op, ": argument 'orig_input_tensor_shape': Expected a "
-                      "non-negative size, got ", orig[i]);
+    TORCH_CHECK_VALUE(orig[i] >= 0, op,
+                      ": argument 'orig_input_tensor_shape': Expected a "
+                      "non-negative size, got ",
+                      orig[i]);
     int64_t product;
     const bool overflow = __builtin_mul_overflow(numel, orig[i], &product);
-    TORCH_CHECK_VALUE(!overflow, op, ": argument 'orig_input_tensor_shape': Encountered "
-                      "overflow when multiplying ", numel, " with ", orig[i], ", result: -1");
+    TORCH_CHECK_VALUE(!overflow, op,
+                      ": argument 'orig_input_tensor_shape': Encountered "
+                      "overflow when multiplying ",
+                      numel, " with ", orig[i], ", result: -1");
     numel = product;
   }
   // TF writes out of bounds past these (heap corruption in TF 2.21). Smaller is TF-valid: the
   // missing images/channels get zero gradient (the kernels see a zero-padded out_backprop).
-  TORCH_CHECK(dy.size(0) <= orig[0] && dy.size(3) <= orig[3], op, ": argument 'out_backprop': "
+  TORCH_CHECK(dy.size(0) <= orig[0] && dy.size(3) <= orig[3], op,
+              ": argument 'out_backprop': "
               "out_backprop batch/depth must not exceed orig_input_tensor_shape's, got "
-              "out_backprop ", tf_shape(dy.sizes()), " for input ", tf_shape(orig));
+              "out_backprop ",
+              tf_shape(dy.sizes()), " for input ", tf_shape(orig));
   check_not_negative_like_tf(op, rows, cols, out_rows, out_cols, overlapping, orig[1], orig[2]);
   check_cells(op, "row_pooling_sequence", rows, out_rows, orig[1], "rows");
   check_cells(op, "col_pooling_sequence", cols, out_cols, orig[2], "columns");
-  return {orig[0], orig[1], orig[2], orig[3],
+  return {orig[0],
+          orig[1],
+          orig[2],
+          orig[3],
           plan_axis(rows.data(), out_rows, overlapping, orig[1]),
           plan_axis(cols.data(), out_cols, overlapping, orig[2])};
 }
@@ -330,49 +358,70 @@ at::Tensor pad_out_backprop(const at::Tensor& dy, const GradPlan& g) {
 }
 
 GradPlan check_max_grad(const char* op, const at::Tensor& x, const at::Tensor& y,
-                        const at::Tensor& dy, const at::Tensor& row_seq,
-                        const at::Tensor& col_seq, bool overlapping) {
-  TORCH_CHECK(x.dim() == 4, op, ": argument 'orig_input': orig_input should be a tensor of "
-              "rank 4, got ", debug_string(x));
+                        const at::Tensor& dy, const at::Tensor& row_seq, const at::Tensor& col_seq,
+                        bool overlapping) {
+  TORCH_CHECK(x.dim() == 4, op,
+              ": argument 'orig_input': orig_input should be a tensor of "
+              "rank 4, got ",
+              debug_string(x));
   TORCH_CHECK(x.numel() > 0, op, ": argument 'orig_input': orig_input must not be empty, got ",
               debug_string(x));
-  TORCH_CHECK(y.dim() == 4, op, ": argument 'orig_output': orig_output should be a tensor of "
-              "rank 4, got ", debug_string(y));
-  TORCH_CHECK(y.numel() > 0, op, ": argument 'orig_output': orig_output must not be empty, "
-              "got ", debug_string(y));
+  TORCH_CHECK(y.dim() == 4, op,
+              ": argument 'orig_output': orig_output should be a tensor of "
+              "rank 4, got ",
+              debug_string(y));
+  TORCH_CHECK(y.numel() > 0, op,
+              ": argument 'orig_output': orig_output must not be empty, "
+              "got ",
+              debug_string(y));
   // TF's next check, "Pooling region has more elements than the input tensor" (row * col
   // sequence lengths <= input elements), is left out on purpose: it rejects valid gradients of
   // small inputs (a [1,2,2,1] input at ratio 1 has 3 * 3 boundaries for 4 elements), and the
   // exact length and value checks below are what keeps the kernel in bounds.
-  TORCH_CHECK(row_seq.dim() == 1, op, ": argument 'row_pooling_sequence': row_pooling_sequence "
-              "must be a vector, received shape ", tf_shape(row_seq.sizes()));
-  TORCH_CHECK(col_seq.dim() == 1, op, ": argument 'col_pooling_sequence': col_pooling_sequence "
-              "must be a vector, received shape ", tf_shape(col_seq.sizes()));
+  TORCH_CHECK(row_seq.dim() == 1, op,
+              ": argument 'row_pooling_sequence': row_pooling_sequence "
+              "must be a vector, received shape ",
+              tf_shape(row_seq.sizes()));
+  TORCH_CHECK(col_seq.dim() == 1, op,
+              ": argument 'col_pooling_sequence': col_pooling_sequence "
+              "must be a vector, received shape ",
+              tf_shape(col_seq.sizes()));
   check_value_dtype(op, "orig_input", x);
-  TORCH_CHECK_TYPE(y.scalar_type() == x.scalar_type(), op, ": argument 'orig_output' must have "
-                   "the dtype of orig_input (", x.scalar_type(), "), got ", y.scalar_type());
-  TORCH_CHECK_TYPE(dy.scalar_type() == x.scalar_type(), op, ": argument 'out_backprop' must "
-                   "have the dtype of orig_input (", x.scalar_type(), "), got ",
-                   dy.scalar_type());
+  TORCH_CHECK_TYPE(y.scalar_type() == x.scalar_type(), op,
+                   ": argument 'orig_output' must have "
+                   "the dtype of orig_input (",
+                   x.scalar_type(), "), got ", y.scalar_type());
+  TORCH_CHECK_TYPE(dy.scalar_type() == x.scalar_type(), op,
+                   ": argument 'out_backprop' must "
+                   "have the dtype of orig_input (",
+                   x.scalar_type(), "), got ", dy.scalar_type());
   check_same_device(x, y, op, "orig_input", "orig_output");
   check_same_device(x, dy, op, "orig_input", "out_backprop");
   // The checks below are missing in TF 2.21, which then corrupts its heap or reads garbage.
-  TORCH_CHECK(y.size(0) == x.size(0) && y.size(3) == x.size(3), op, ": argument 'orig_output': "
+  TORCH_CHECK(y.size(0) == x.size(0) && y.size(3) == x.size(3), op,
+              ": argument 'orig_output': "
               "orig_output must have the batch and depth of orig_input, got ",
               tf_shape(y.sizes()), " for orig_input ", tf_shape(x.sizes()));
-  TORCH_CHECK(dy.sizes() == y.sizes(), op, ": argument 'out_backprop': out_backprop must have "
-              "the shape of orig_output ", tf_shape(y.sizes()), ", got ", tf_shape(dy.sizes()));
+  TORCH_CHECK(dy.sizes() == y.sizes(), op,
+              ": argument 'out_backprop': out_backprop must have "
+              "the shape of orig_output ",
+              tf_shape(y.sizes()), ", got ", tf_shape(dy.sizes()));
   const auto rows = host_values(op, "row_pooling_sequence", row_seq);
   const auto cols = host_values(op, "col_pooling_sequence", col_seq);
-  TORCH_CHECK(static_cast<int64_t>(rows.size()) == y.size(1) + 1, op, ": argument "
-              "'row_pooling_sequence' must have orig_output's rows + 1 = ", y.size(1) + 1,
-              " elements, got ", rows.size());
-  TORCH_CHECK(static_cast<int64_t>(cols.size()) == y.size(2) + 1, op, ": argument "
-              "'col_pooling_sequence' must have orig_output's columns + 1 = ", y.size(2) + 1,
-              " elements, got ", cols.size());
+  TORCH_CHECK(static_cast<int64_t>(rows.size()) == y.size(1) + 1, op,
+              ": argument "
+              "'row_pooling_sequence' must have orig_output's rows + 1 = ",
+              y.size(1) + 1, " elements, got ", rows.size());
+  TORCH_CHECK(static_cast<int64_t>(cols.size()) == y.size(2) + 1, op,
+              ": argument "
+              "'col_pooling_sequence' must have orig_output's columns + 1 = ",
+              y.size(2) + 1, " elements, got ", cols.size());
   check_cells(op, "row_pooling_sequence", rows, y.size(1), x.size(1), "rows");
   check_cells(op, "col_pooling_sequence", cols, y.size(2), x.size(2), "columns");
-  return {x.size(0), x.size(1), x.size(2), x.size(3),
+  return {x.size(0),
+          x.size(1),
+          x.size(2),
+          x.size(3),
           plan_axis(rows.data(), y.size(1), overlapping, x.size(1)),
           plan_axis(cols.data(), y.size(2), overlapping, x.size(2))};
 }
@@ -383,20 +432,27 @@ GradPlan check_pool_with_sequences(const char* op, const at::Tensor& value,
   TORCH_CHECK(value.dim() == 4, op, ": argument 'grad' must be 4-dimensional (NHWC), got ",
               tf_shape(value.sizes()));
   check_value_dtype(op, "grad", value);
-  TORCH_CHECK(row_seq.dim() == 1 && row_seq.numel() >= 2, op, ": argument "
+  TORCH_CHECK(row_seq.dim() == 1 && row_seq.numel() >= 2, op,
+              ": argument "
               "'row_pooling_sequence' must be a vector of at least 2 elements, got shape ",
               tf_shape(row_seq.sizes()));
-  TORCH_CHECK(col_seq.dim() == 1 && col_seq.numel() >= 2, op, ": argument "
+  TORCH_CHECK(col_seq.dim() == 1 && col_seq.numel() >= 2, op,
+              ": argument "
               "'col_pooling_sequence' must be a vector of at least 2 elements, got shape ",
               tf_shape(col_seq.sizes()));
   const auto rows = host_values(op, "row_pooling_sequence", row_seq);
   const auto cols = host_values(op, "col_pooling_sequence", col_seq);
   const int64_t out_rows = row_seq.numel() - 1, out_cols = col_seq.numel() - 1;
-  TORCH_CHECK(value.size(1) > 0 && value.size(2) > 0, op, ": argument 'grad' must have rows "
-              "and columns, got ", tf_shape(value.sizes()));
+  TORCH_CHECK(value.size(1) > 0 && value.size(2) > 0, op,
+              ": argument 'grad' must have rows "
+              "and columns, got ",
+              tf_shape(value.sizes()));
   check_cells(op, "row_pooling_sequence", rows, out_rows, value.size(1), "rows");
   check_cells(op, "col_pooling_sequence", cols, out_cols, value.size(2), "columns");
-  return {value.size(0), value.size(1), value.size(2), value.size(3),
+  return {value.size(0),
+          value.size(1),
+          value.size(2),
+          value.size(3),
           plan_axis(rows.data(), out_rows, overlapping, value.size(1)),
           plan_axis(cols.data(), out_cols, overlapping, value.size(2))};
 }
@@ -409,8 +465,8 @@ namespace torch_tfgrads {
 namespace {
 at::Tensor fractional_pooling_sequence(int64_t input_length, int64_t output_length,
                                        bool pseudo_random, int64_t seed, int64_t seed2) {
-  return fracpool::to_tensor(fracpool::pooling_sequence(input_length, output_length, pseudo_random,
-                                                     seed, seed2));
+  return fracpool::to_tensor(
+      fracpool::pooling_sequence(input_length, output_length, pseudo_random, seed, seed2));
 }
 }  // namespace
 

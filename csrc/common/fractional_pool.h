@@ -20,12 +20,12 @@ namespace fracpool {
 // one, or two where overlapping cells share a boundary). Kernels gather through `first/last`,
 // which keeps the gradients race-free and in TF's accumulation order.
 struct AxisPlan {
-  int64_t size = 0;             // input length of the axis
-  int64_t cells = 0;            // output length of the axis
-  std::vector<int64_t> start;   // [cells] first input index of each cell
-  std::vector<int64_t> end;     // [cells] last input index (inclusive, clamped to size - 1)
-  std::vector<int64_t> first;   // [size] first covering cell (first > last: none)
-  std::vector<int64_t> last;    // [size] last covering cell
+  int64_t size = 0;            // input length of the axis
+  int64_t cells = 0;           // output length of the axis
+  std::vector<int64_t> start;  // [cells] first input index of each cell
+  std::vector<int64_t> end;    // [cells] last input index (inclusive, clamped to size - 1)
+  std::vector<int64_t> first;  // [size] first covering cell (first > last: none)
+  std::vector<int64_t> last;   // [size] last covering cell
   int64_t count(int64_t cell) const { return end[cell] - start[cell] + 1; }
   // Whether every input index is in some cell (sequences may start after 0 or end early).
   bool covers_all() const {
@@ -90,9 +90,8 @@ at::Tensor pad_out_backprop(const at::Tensor& out_backprop, const GradPlan& plan
 // FractionalMaxPoolGrad's checks in TF's order, plus the ones whose absence lets TF
 // 2.21 corrupt its heap: orig_output's batch/depth, out_backprop's shape, sequence lengths and
 // values. The check that the recomputed maxima equal orig_output is the kernel's.
-GradPlan check_max_grad(const char* op, const at::Tensor& orig_input,
-                        const at::Tensor& orig_output, const at::Tensor& out_backprop,
-                        const at::Tensor& row_pooling_sequence,
+GradPlan check_max_grad(const char* op, const at::Tensor& orig_input, const at::Tensor& orig_output,
+                        const at::Tensor& out_backprop, const at::Tensor& row_pooling_sequence,
                         const at::Tensor& col_pooling_sequence, bool overlapping);
 
 // Pooling `value` over given cells (the backward of fractional_avg_pool_grad): value 4-D, the

@@ -29,7 +29,8 @@ inline bool parse_channels_first(c10::string_view fmt, const char* op) {
   if (fmt == "NHWC" || fmt == "NDHWC") return false;
   if (fmt == "NCHW" || fmt == "NCDHW") return true;
   TORCH_CHECK_VALUE(false, op, ": argument 'data_format': Value for attr 'data_format' of \"",
-                    std::string(fmt), "\" is not in the list of allowed values: \"NHWC\", \"NCHW\", "
+                    std::string(fmt),
+                    "\" is not in the list of allowed values: \"NHWC\", \"NCHW\", "
                     "\"NDHWC\", \"NCDHW\"");
   return false;
 }
@@ -37,9 +38,11 @@ inline bool parse_channels_first(c10::string_view fmt, const char* op) {
 // Statistics and parameters are float32 (TF's U), or float64 when x is (gradcheck).
 inline at::ScalarType param_dtype(const at::Tensor& x, const char* op, const char* name) {
   const auto t = x.scalar_type();
-  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
-                   op, ": argument '", name, "' must be float16, bfloat16, float32 or float64, "
-                   "got ", c10::toString(t));
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, op,
+                   ": argument '", name,
+                   "' must be float16, bfloat16, float32 or float64, "
+                   "got ",
+                   c10::toString(t));
   return t == at::kDouble ? at::kDouble : at::kFloat;
 }
 
@@ -50,7 +53,8 @@ inline void check_rank_4_or_5(const at::Tensor& t, const char* op, const char* n
               "': input must be 4 or 5-dimensional", tf_shape(t.sizes()));
 }
 
-inline void check_vector(const at::Tensor& t, const char* op, const char* name, const char* tf_name) {
+inline void check_vector(const at::Tensor& t, const char* op, const char* name,
+                         const char* tf_name) {
   TORCH_CHECK(t.dim() == 1, op, ": argument '", name, "': ", tf_name, " must be 1-dimensional",
               tf_shape(t.sizes()));
 }

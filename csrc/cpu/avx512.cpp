@@ -6,10 +6,9 @@ namespace torch_tfgrads {
 
 bool avx512_enabled() {
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
-  static const bool on =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      at::get_cpu_capability() == "AVX512";
+  static const bool on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         at::get_cpu_capability() == "AVX512";
   return on;
 #else
   return false;

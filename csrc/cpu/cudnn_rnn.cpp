@@ -24,9 +24,16 @@ void cell_forward_typed(const Config& cfg, const CellForward& a) {
   T *acts = mut<T>(a.acts), *c_out = mut<T>(a.c_out), *h_out = mut<T>(a.h_out);
   for_rows(cfg.B, GU, [&](int64_t b) {
     const bool lstm = cfg.mode == Mode::kLstm;
-    FwdSeg<T> seg{gx + b * GU, U, gh + b * GU, U, nullptr, U,
-                  lstm ? c_prev + b * U : nullptr, h_prev + b * Hh,
-                  lstm ? c_out + b * U : nullptr, h_out + b * U,
+    FwdSeg<T> seg{gx + b * GU,
+                  U,
+                  gh + b * GU,
+                  U,
+                  nullptr,
+                  U,
+                  lstm ? c_prev + b * U : nullptr,
+                  h_prev + b * Hh,
+                  lstm ? c_out + b * U : nullptr,
+                  h_out + b * U,
                   acts ? acts + b * AW : nullptr};
     with_mode(cfg.mode, [&](auto m) {
       forward_cell<decltype(m)::value>(seg, U, !lens || a.step < lens[b], a.projected);
@@ -41,11 +48,14 @@ void cell_backward_typed(const Config& cfg, const CellBackward& a) {
   const bool lstm = cfg.mode == Mode::kLstm, gru = cfg.mode == Mode::kGru;
   for_rows(cfg.B, GU, [&](int64_t b) {
     // with projection dh is [B, U]; otherwise Hh == U
-    BwdSeg<T> seg{ptr<T>(a.acts) + b * AW, U,
+    BwdSeg<T> seg{ptr<T>(a.acts) + b * AW,
+                  U,
                   lstm ? ptr<T>(a.c_cur) + b * U : nullptr,
                   lstm ? ptr<T>(a.c_prev) + b * U : nullptr,
-                  ptr<T>(a.h_prev) + b * Hh, ptr<T>(a.dh) + b * U,
-                  lstm ? ptr<T>(a.dc) + b * U : nullptr, mut<T>(a.dgx) + b * GU,
+                  ptr<T>(a.h_prev) + b * Hh,
+                  ptr<T>(a.dh) + b * U,
+                  lstm ? ptr<T>(a.dc) + b * U : nullptr,
+                  mut<T>(a.dgx) + b * GU,
                   gru ? mut<T>(a.dgh) + b * GU : nullptr,
                   lstm ? mut<T>(a.dc_prev) + b * U : nullptr,
                   a.dh_carry.defined() ? mut<T>(a.dh_carry) + b * Hh : nullptr};
@@ -66,8 +76,8 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 }
 
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-constexpr CellKernels kCpuCells{&cell_forward, &cell_backward, &forward_direction,
-                                &backward_direction, &cpu_matmul, &cpu_weight_grads};
+constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
+                                &backward_direction, &cpu_matmul,    &cpu_weight_grads};
 #else
 constexpr CellKernels kCpuCells{&cell_forward, &cell_backward};
 #endif

@@ -52,10 +52,10 @@ bool threads_own_rows(int64_t B) {
 int64_t unit_block(const Config& cfg, bool forward, bool own_rows) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
   const bool gru = cfg.mode == Mode::kGru;
-  const std::vector<int64_t> sizes =
-      !forward ? std::vector<int64_t>{64, 32, 16}
-      : gru    ? std::vector<int64_t>{16}
-      : own_rows ? std::vector<int64_t>{64, 32, 16} : std::vector<int64_t>{8, 16};
+  const std::vector<int64_t> sizes = !forward   ? std::vector<int64_t>{64, 32, 16}
+                                     : gru      ? std::vector<int64_t>{16}
+                                     : own_rows ? std::vector<int64_t>{64, 32, 16}
+                                                : std::vector<int64_t>{8, 16};
   for (int64_t ub : sizes)
     if (cfg.U % ub == 0 && cfg.G * ub % 16 == 0) return ub;
   return cfg.U % 8 == 0 ? 8 : 0;
@@ -78,8 +78,7 @@ void transpose_block(int64_t M, int64_t N, const float* src, int64_t ld_src, flo
 
 // The same in 64x64 blocks over the threads. ATen's transposing copies run on one thread, far
 // below the memory bandwidth, and were a large part of the weight gradients' GEMMs below.
-void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
-               int64_t ld_dst) {
+void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   constexpr int64_t kBlock = 64;
   const int64_t bm = (M + kBlock - 1) / kBlock, bn = (N + kBlock - 1) / kBlock;
   at::parallel_for(0, bm * bn, 4, [&](int64_t b0, int64_t b1) {
@@ -187,8 +186,8 @@ void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
         }
         for (int64_t u = t; u < t_end; ++u) {
           const int64_t i = u % tm * kTile, m = std::min(kTile, M - i);
-          at::native::cpublas::brgemm(m, n, kc, lda, ldb, ldc, add || k0 > 0, A + i * lda + k0,
-                                      b, C + i * ldc + j);
+          at::native::cpublas::brgemm(m, n, kc, lda, ldb, ldc, add || k0 > 0, A + i * lda + k0, b,
+                                      C + i * ldc + j);
         }
       }
       t = t_end;
@@ -250,10 +249,16 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
             for (int64_t b = b0; b < b1; ++b) {
               const int64_t row = s * B + b;
               // pre-activation of gate g = x[g * x_gate] + r[g * r_gate] (+ bR[g * U])
-              FwdSeg<float> seg{project ? bs + u0 : gx + row * GU + u0, U,
-                                buf + (b - b0) * N, ub, project ? nullptr : bs + u0, U,
-                                lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0,
-                                lstm ? cs + row * U + u0 : nullptr, hs + row * U + u0,
+              FwdSeg<float> seg{project ? bs + u0 : gx + row * GU + u0,
+                                U,
+                                buf + (b - b0) * N,
+                                ub,
+                                project ? nullptr : bs + u0,
+                                U,
+                                lstm ? c_prev + b * U + u0 : nullptr,
+                                h_prev + b * U + u0,
+                                lstm ? cs + row * U + u0 : nullptr,
+                                hs + row * U + u0,
                                 acts ? acts + row * AW + u0 : nullptr};
               forward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b], false);
             }
@@ -270,8 +275,9 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
 }
 
 bool backward_direction(const Config& cfg, const DirectionBackward& d) {
-  const int64_t ub =
-      d.dgx.scalar_type() == at::kFloat ? unit_block(cfg, false, threads_own_rows(cfg.B)) : 0;
+  const int64_t ub = d.dgx.scalar_type() == at::kFloat
+                         ? unit_block(cfg, false, threads_own_rows(cfg.B))
+                         : 0;
   if (ub == 0) return false;
   const int64_t U = cfg.U, B = cfg.B, GU = cfg.GU(), AW = cfg.act_width();
   const int64_t nblk = U / ub;
@@ -320,26 +326,29 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
             // step's gate gradients through R plus its direct part (carry: for LSTM only the
             // dh that steps past a row's length pass through).
             if (s == cfg.T - 1) {
-              for (int64_t b = b0; b < b1; ++b)
-                copy_row(dh + (b - b0) * ub, dh_n + b * U + u0, ub);
+              for (int64_t b = b0; b < b1; ++b) copy_row(dh + (b - b0) * ub, dh_n + b * U + u0, ub);
             } else {
               at::native::cpublas::brgemm(rows, ub, GU, GU, ub, ub, false,
-                                          dgh + ((s + 1) * B + b0) * GU, rb + j * GU * ub,
-                                          dh);
+                                          dgh + ((s + 1) * B + b0) * GU, rb + j * GU * ub, dh);
               if (!lstm || lens)
                 for (int64_t b = b0; b < b1; ++b)
-                  for (int64_t u = 0; u < ub; ++u)
-                    dh[(b - b0) * ub + u] += carry[b * U + u0 + u];
+                  for (int64_t u = 0; u < ub; ++u) dh[(b - b0) * ub + u] += carry[b * U + u0 + u];
             }
             for (int64_t b = b0; b < b1; ++b) {
               const int64_t row = s * B + b;
               float* dhb = dh + (b - b0) * ub;
               for (int64_t u = 0; u < ub; ++u) dhb[u] += dy[row * U + u0 + u];
-              BwdSeg<float> seg{acts + row * AW + u0, U, lstm ? cs + row * U + u0 : nullptr,
-                                lstm ? c_prev + b * U + u0 : nullptr, h_prev + b * U + u0, dhb,
-                                lstm ? dc_in + b * U + u0 : nullptr, dgx + row * GU + u0,
+              BwdSeg<float> seg{acts + row * AW + u0,
+                                U,
+                                lstm ? cs + row * U + u0 : nullptr,
+                                lstm ? c_prev + b * U + u0 : nullptr,
+                                h_prev + b * U + u0,
+                                dhb,
+                                lstm ? dc_in + b * U + u0 : nullptr,
+                                dgx + row * GU + u0,
                                 gru ? dgh + row * GU + u0 : nullptr,
-                                lstm ? dc_out + b * U + u0 : nullptr, carry + b * U + u0};
+                                lstm ? dc_out + b * U + u0 : nullptr,
+                                carry + b * U + u0};
               backward_cell<decltype(mode)::value>(seg, ub, !lens || s < lens[b]);
             }
           }
@@ -364,8 +373,8 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
   const at::Tensor Rc = d.R.contiguous();
   if (row_major(dh0)) {
     dh0.copy_(carry_t);
-    blocked_mm(B, U, GU, dgh, GU, Rc.data_ptr<float>(), U, 1, dh0.data_ptr<float>(),
-               dh0.stride(0), true, nullptr);
+    blocked_mm(B, U, GU, dgh, GU, Rc.data_ptr<float>(), U, 1, dh0.data_ptr<float>(), dh0.stride(0),
+               true, nullptr);
   } else {
     at::addmm_out(dh0, carry_t, d.dgh[0], d.R);
   }

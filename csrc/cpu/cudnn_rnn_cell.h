@@ -83,12 +83,14 @@ T* mut(const at::Tensor& t) {
 // and the per-block buffers of the fused path below).
 template <typename T>
 struct FwdSeg {
-  const T* x;  int64_t x_gate;  // W x_t + bW
-  const T* r;  int64_t r_gate;  // R h (+ bR when bR == nullptr)
-  const T* bR;                  // recurrent bias (gate stride U) or nullptr
+  const T* x;
+  int64_t x_gate;  // W x_t + bW
+  const T* r;
+  int64_t r_gate;  // R h (+ bR when bR == nullptr)
+  const T* bR;     // recurrent bias (gate stride U) or nullptr
   int64_t U;
   const T *c_prev, *h_prev;
-  T *c_out, *h_out, *acts;      // acts: gate stride U, may be nullptr
+  T *c_out, *h_out, *acts;  // acts: gate stride U, may be nullptr
 };
 
 // Calls f(std::integral_constant<Mode, m>) for the runtime mode m, so that the cells below are
@@ -123,7 +125,9 @@ C10_ALWAYS_INLINE void forward_cell(const FwdSeg<T>& p, int64_t n, bool active, 
       Vec v = Vec::loadu(p.r + g * p.r_gate + u, m);
       return p.bR ? v + Vec::loadu(p.bR + g * U + u, m) : v;
     };
-    auto pre = [&](int64_t g) C10_ALWAYS_INLINE_ATTRIBUTE { return Vec::loadu(p.x + g * p.x_gate + u, m) + rec(g); };
+    auto pre = [&](int64_t g) C10_ALWAYS_INLINE_ATTRIBUTE {
+      return Vec::loadu(p.x + g * p.x_gate + u, m) + rec(g);
+    };
     T* ac = p.acts ? p.acts + u : nullptr;
     switch (mode) {
       case Mode::kLstm: {
@@ -171,7 +175,7 @@ struct BwdSeg {
   const T* acts;  // gate stride U
   int64_t U;
   const T *c_cur, *c_prev, *h_prev, *dh, *dc;
-  T *dgx, *dgh;   // gate stride U; dgh only for GRU
+  T *dgx, *dgh;        // gate stride U; dgh only for GRU
   T *dc_prev, *carry;  // carry may be nullptr (projection)
 };
 
@@ -197,8 +201,8 @@ C10_ALWAYS_INLINE void backward_cell(const BwdSeg<T>& p, int64_t n, bool active)
     T* gx = p.dgx + u;
     switch (mode) {
       case Mode::kLstm: {
-        const Vec i = Vec::loadu(ac, m), f = Vec::loadu(ac + U, m),
-                  g = Vec::loadu(ac + 2 * U, m), o = Vec::loadu(ac + 3 * U, m);
+        const Vec i = Vec::loadu(ac, m), f = Vec::loadu(ac + U, m), g = Vec::loadu(ac + 2 * U, m),
+                  o = Vec::loadu(ac + 3 * U, m);
         const Vec tc = fast_tanh(Vec::loadu(p.c_cur + u, m));
         const Vec dct = Vec::loadu(p.dc + u, m) + g_h * o * (one - tc * tc);
         (dct * i * (one - i) * g).store(gx, m);
@@ -210,8 +214,8 @@ C10_ALWAYS_INLINE void backward_cell(const BwdSeg<T>& p, int64_t n, bool active)
         break;
       }
       case Mode::kGru: {
-        const Vec rg = Vec::loadu(ac, m), z = Vec::loadu(ac + U, m),
-                  nn = Vec::loadu(ac + 2 * U, m), ghn = Vec::loadu(ac + 3 * U, m);
+        const Vec rg = Vec::loadu(ac, m), z = Vec::loadu(ac + U, m), nn = Vec::loadu(ac + 2 * U, m),
+                  ghn = Vec::loadu(ac + 3 * U, m);
         const Vec h = Vec::loadu(p.h_prev + u, m);
         const Vec dn = g_h * (one - z) * (one - nn * nn);
         const Vec dz = g_h * (h - nn) * z * (one - z);

@@ -34,8 +34,8 @@ inline void pin_in_register(__m512& v) { asm("" : "+v"(v)); }
 template <int NC, int S, int T, bool Clip>
 int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, const float* filt,
                    int64_t frow, const int64_t* rk, const int64_t* rs, int64_t nr,
-                   const int64_t* fidx, int64_t C, int64_t c, int64_t c1, float* out,
-                   int64_t dstep, bool stream) {
+                   const int64_t* fidx, int64_t C, int64_t c, int64_t c1, float* out, int64_t dstep,
+                   bool stream) {
   constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
   for (; c + 16 <= c1; c += 16) {
     __m512 acc[T];
@@ -75,8 +75,8 @@ int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, 
 // in whole vectors, added into parts[a] at filter columns ck[b]. The 3 - S source columns a
 // step shares with the next stay in registers. Returns the first channel not done.
 template <int S>
-int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int64_t* ck,
-                       int64_t s0, int64_t q, int64_t len, int64_t C, int64_t c, int64_t c1,
+int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int64_t* ck, int64_t s0,
+                       int64_t q, int64_t len, int64_t C, int64_t c, int64_t c1,
                        float* const* parts) {
   static_assert(S == 1 || S == 2, "source step 1 or 2");
   for (; c + 16 <= c1; c += 16) {
@@ -112,8 +112,8 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
 // stay in registers and each source vector is loaded once (pin_in_register). Per lane acc[b]
 // still sums t = 0..7 in order.
 template <int NC, int S>
-int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, int64_t s0,
-                    int64_t q, int64_t C, int64_t c, int64_t c1, float* part) {
+int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, int64_t s0, int64_t q,
+                    int64_t C, int64_t c, int64_t c1, float* part) {
   constexpr int T = 8;
   constexpr int U = (T - 1) * S + NC;  // source columns of the tile
   for (; c + 16 <= c1; c += 16) {

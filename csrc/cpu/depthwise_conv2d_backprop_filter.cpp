@@ -131,8 +131,8 @@ inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* d
 // step shares with the next stay in registers. Per lane the sums of filter_grad_run, in order.
 template <typename scalar_t, int S>
 inline void filter_grad_run_3x3(const scalar_t* const* xrows, const scalar_t* dyrow,
-                                const int64_t* ck, int64_t s0, int64_t q, int64_t len,
-                                int64_t C, int64_t c, acc_t<scalar_t>* const* parts) {
+                                const int64_t* ck, int64_t s0, int64_t q, int64_t len, int64_t C,
+                                int64_t c, acc_t<scalar_t>* const* parts) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
   using Wd = Widen<scalar_t, A>;
@@ -207,17 +207,17 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (wide) {  // the same tiles in 16-lane vectors (one is a whole line)
       if (run_3x3) {
-        c = sW == 1 ? depthwise_avx512::filter_run_3x3<1>(rows.x, dyrow, ck, cs[0], q, len, C,
-                                                          c, c1, rows.part)
-                    : depthwise_avx512::filter_run_3x3<2>(rows.x, dyrow, ck, cs[0], q, len, C,
-                                                          c, c1, rows.part);
+        c = sW == 1 ? depthwise_avx512::filter_run_3x3<1>(rows.x, dyrow, ck, cs[0], q, len, C, c,
+                                                          c1, rows.part)
+                    : depthwise_avx512::filter_run_3x3<2>(rows.x, dyrow, ck, cs[0], q, len, C, c,
+                                                          c1, rows.part);
       } else if (consecutive && len == 8) {
         int64_t end = c;
         for (int64_t a = 0; a < rows.n; ++a)
-          end = sW == 1 ? depthwise_avx512::filter_tile<NC, 1>(rows.x[a], dyrow, ck, cs[0], q, C,
-                                                               c, c1, rows.part[a])
-                        : depthwise_avx512::filter_tile<NC, 2>(rows.x[a], dyrow, ck, cs[0], q, C,
-                                                               c, c1, rows.part[a]);
+          end = sW == 1 ? depthwise_avx512::filter_tile<NC, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c,
+                                                               c1, rows.part[a])
+                        : depthwise_avx512::filter_tile<NC, 2>(rows.x[a], dyrow, ck, cs[0], q, C, c,
+                                                               c1, rows.part[a]);
         c = end;
       }
     }
@@ -246,11 +246,9 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
     for (; c + K * L <= c1; c += K * L)
       for (int64_t a = 0; a < rows.n; ++a) {
         if (sW == 1)
-          filter_grad_tile<scalar_t, NC, K, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c,
-                                               rows.part[a]);
+          filter_grad_tile<scalar_t, NC, K, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c, rows.part[a]);
         else
-          filter_grad_tile<scalar_t, NC, K, 2>(rows.x[a], dyrow, ck, cs[0], q, C, c,
-                                               rows.part[a]);
+          filter_grad_tile<scalar_t, NC, K, 2>(rows.x[a], dyrow, ck, cs[0], q, C, c, rows.part[a]);
       }
   }
   for (; c + K * L <= c1; c += K * L)
@@ -268,18 +266,19 @@ template <typename scalar_t>
 void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
                          const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
                          int64_t C, int64_t c0, int64_t c1, bool wide) {
-#define TFGRADS_FG(NC)                                                                    \
-  case NC:                                                                                \
+#define TFGRADS_FG(NC) \
+  case NC:             \
     return filter_grad_columns<scalar_t, NC>(rows, dyrow, ck, cs, q, len, sW, C, c0, c1, wide);
   switch (nc) {
-    case 0: return;
-    TFGRADS_FG(1)
-    TFGRADS_FG(2)
-    TFGRADS_FG(3)
-    TFGRADS_FG(4)
-    TFGRADS_FG(5)
-    TFGRADS_FG(6)
-    TFGRADS_FG(7)
+    case 0:
+      return;
+      TFGRADS_FG(1)
+      TFGRADS_FG(2)
+      TFGRADS_FG(3)
+      TFGRADS_FG(4)
+      TFGRADS_FG(5)
+      TFGRADS_FG(6)
+      TFGRADS_FG(7)
     default:
       for (int64_t a = 0; a < rows.n; ++a)
         filter_grad_scalar(rows.x[a], dyrow, ck, cs, nc, q, len, sW, C, c0, c1, rows.part[a]);
@@ -354,8 +353,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                     prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
                                     std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
                 }
-                filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0,
-                                    tl, g.sW, C, c0, c1, wide);
+                filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
+                                    g.sW, C, c0, c1, wide);
                 if (!fits) break;
               }
               q += len;

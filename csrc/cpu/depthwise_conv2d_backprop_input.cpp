@@ -94,9 +94,21 @@ at::Tensor depthwise_conv2d_native_backprop_input_cpu(
     const AxisTaps cols = depthwise::backward_taps(g.W, g.Wo, g.fw, g.sW, g.dW, g.pl);
     const AxisTaps vcols = depthwise::backward_taps(g.W, g.Wo, g.fw, g.sW, g.dW, g.pl, false);
     if (g.M == 1) {
-      const Correlation<scalar_t> p{dy.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
-                                    nhwc_view(dx, g).data_ptr<scalar_t>(), g.N, g.Ho, g.Wo,
-                                    g.H, g.W, g.C, g.fw, &rows, &cols, &vcols, g.sW, 1};
+      const Correlation<scalar_t> p{dy.data_ptr<scalar_t>(),
+                                    f.data_ptr<scalar_t>(),
+                                    nhwc_view(dx, g).data_ptr<scalar_t>(),
+                                    g.N,
+                                    g.Ho,
+                                    g.Wo,
+                                    g.H,
+                                    g.W,
+                                    g.C,
+                                    g.fw,
+                                    &rows,
+                                    &cols,
+                                    &vcols,
+                                    g.sW,
+                                    1};
       correlate_channels_last(p);
       return;
     }
@@ -105,8 +117,21 @@ at::Tensor depthwise_conv2d_native_backprop_input_cpu(
     const auto acc_type = c10::CppTypeToScalarType<A>::value;
     const at::Tensor dya = dy.to(acc_type), fa = f.to(acc_type);
     at::Tensor dxe = at::empty({g.N, g.H, g.W, g.C * g.M}, dya.options());
-    const Correlation<A> p{dya.data_ptr<A>(), fa.data_ptr<A>(), dxe.data_ptr<A>(), g.N, g.Ho,
-                           g.Wo, g.H, g.W, g.C * g.M, g.fw, &rows, &cols, &vcols, g.sW, 1};
+    const Correlation<A> p{dya.data_ptr<A>(),
+                           fa.data_ptr<A>(),
+                           dxe.data_ptr<A>(),
+                           g.N,
+                           g.Ho,
+                           g.Wo,
+                           g.H,
+                           g.W,
+                           g.C * g.M,
+                           g.fw,
+                           &rows,
+                           &cols,
+                           &vcols,
+                           g.sW,
+                           1};
     correlate_channels_last(p);
     nhwc_view(dx, g).copy_(dxe.view({g.N, g.H, g.W, g.C, g.M}).sum(-1));
   });

@@ -24,9 +24,9 @@ namespace {
 // filter pointers fixed (NT taps unrolled): no per-tile setup, the sources are read in memory
 // order, and a streamed pixel's lines are written whole, one after another.
 template <typename scalar_t, int NT>
-inline void correlate_pixels_run(const scalar_t* const* sp, const scalar_t* const* fp,
-                                 int64_t nt, int64_t C, int64_t npix, int64_t sstep,
-                                 int64_t dstep, bool stream, scalar_t* out) {
+inline void correlate_pixels_run(const scalar_t* const* sp, const scalar_t* const* fp, int64_t nt,
+                                 int64_t C, int64_t npix, int64_t sstep, int64_t dstep, bool stream,
+                                 scalar_t* out) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
   using Wd = Widen<scalar_t, A>;
@@ -119,15 +119,14 @@ void correlate_by_pixel(const Correlation<scalar_t>& p) {
               break;
 #define TFGRADS_PIXELS(NT) \
   case NT: correlate_pixels_run<scalar_t, NT>(sp, fp, nt, C, npix, ss, ds, stream, out); break;
-            TFGRADS_PIXELS(1)
-            TFGRADS_PIXELS(2)
-            TFGRADS_PIXELS(3)
-            TFGRADS_PIXELS(4)
-            TFGRADS_PIXELS(6)
-            TFGRADS_PIXELS(9)
+              TFGRADS_PIXELS(1)
+              TFGRADS_PIXELS(2)
+              TFGRADS_PIXELS(3)
+              TFGRADS_PIXELS(4)
+              TFGRADS_PIXELS(6)
+              TFGRADS_PIXELS(9)
 #undef TFGRADS_PIXELS
-            default:
-              correlate_pixels_run<scalar_t, 0>(sp, fp, nt, C, npix, ss, ds, stream, out);
+            default: correlate_pixels_run<scalar_t, 0>(sp, fp, nt, C, npix, ss, ds, stream, out);
           }
         }
       }

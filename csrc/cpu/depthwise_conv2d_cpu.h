@@ -82,16 +82,16 @@ inline std::vector<int64_t> furthest_sources(const AxisTaps& rows, int64_t dst) 
 // Source/destination of one correlation (channels-last, M = 1, C channels).
 template <typename scalar_t>
 struct Correlation {
-  const scalar_t* src;  // [N, Hs, Ws, C]
+  const scalar_t* src;   // [N, Hs, Ws, C]
   const scalar_t* filt;  // [fh, fw, C]
-  scalar_t* dst;  // [N, Hd, Wd, C]
+  scalar_t* dst;         // [N, Hd, Wd, C]
   int64_t N, Hs, Ws, Hd, Wd, C, fw;
   const AxisTaps* rows;
   const AxisTaps* cols;
   const AxisTaps* vcols;  // the column taps unclipped (in_bounds = false), or nullptr
-  int64_t qstep, sstep;  // destination / source column step between tiled pixels
-  bool stream = false;   // the two-vector sliding-window tiles store non-temporally (float)
-  bool wide = false;     // float, C % 16 == 0, AVX-512: the sliding-window tiles use it
+  int64_t qstep, sstep;   // destination / source column step between tiled pixels
+  bool stream = false;    // the two-vector sliding-window tiles store non-temporally (float)
+  bool wide = false;      // float, C % 16 == 0, AVX-512: the sliding-window tiles use it
 };
 
 // Whether a correlation's output goes beyond the caches (worth non-temporal stores), and whether

@@ -38,8 +38,7 @@ void forward_channels_first(const scalar_t* x, const scalar_t* f, scalar_t* out,
       const int64_t n = nc / g.C, c = nc % g.C;
       load_plane(x + nc * g.H * g.W, g, pp, buf.data());
       for (int64_t m = 0; m < g.M; ++m) {
-        for (int64_t t = 0; t < taps; ++t)
-          fv[t] = Vec(static_cast<A>(f[t * CM + c * g.M + m]));
+        for (int64_t t = 0; t < taps; ++t) fv[t] = Vec(static_cast<A>(f[t * CM + c * g.M + m]));
         scalar_t* o = out + (n * CM + c * g.M + m) * g.Ho * g.Wo;
         for (int64_t i = 0; i < g.Ho; ++i) {
           for (int64_t di = 0; di < g.fh; ++di)
@@ -67,7 +66,8 @@ at::Tensor depthwise_conv2d_native_cpu(const at::Tensor& input, const at::Tensor
                                        at::OptionalIntArrayRef explicit_paddings,
                                        c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_forward(kFwd, input, filter, strides, padding,
-                                              explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
+                                              explicit_paddings.value_or(at::IntArrayRef{}),
+                                              data_format, dilations);
   const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
   at::Tensor out = empty_in_layout(g.output_shape(), l, input.options());
   if (out.numel() == 0) return out;
@@ -85,9 +85,21 @@ at::Tensor depthwise_conv2d_native_cpu(const at::Tensor& input, const at::Tensor
     const AxisTaps rows = depthwise::forward_taps(g.Ho, g.H, g.fh, g.sH, g.dH, g.pt);
     const AxisTaps cols = depthwise::forward_taps(g.Wo, g.W, g.fw, g.sW, g.dW, g.pl);
     const AxisTaps vcols = depthwise::forward_taps(g.Wo, g.W, g.fw, g.sW, g.dW, g.pl, false);
-    const Correlation<scalar_t> p{xe.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
-                                  nhwc_view(out, g).data_ptr<scalar_t>(), g.N, g.H, g.W, g.Ho,
-                                  g.Wo, g.C * g.M, g.fw, &rows, &cols, &vcols, 1, g.sW};
+    const Correlation<scalar_t> p{xe.data_ptr<scalar_t>(),
+                                  f.data_ptr<scalar_t>(),
+                                  nhwc_view(out, g).data_ptr<scalar_t>(),
+                                  g.N,
+                                  g.H,
+                                  g.W,
+                                  g.Ho,
+                                  g.Wo,
+                                  g.C * g.M,
+                                  g.fw,
+                                  &rows,
+                                  &cols,
+                                  &vcols,
+                                  1,
+                                  g.sW};
     correlate_channels_last(p);
   });
   return out;

@@ -26,9 +26,9 @@ struct RowSpan {
 // T pixels (destination columns q + t*qstep, sharing the taps of q, sources + t*sstep) by K
 // channel vectors from channel c: acc in registers, each filter vector loaded once per tap.
 template <typename scalar_t, int T, int K>
-inline void correlate_block(const Correlation<scalar_t>& p, const scalar_t* simg,
-                           const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* ck,
-                           const int64_t* cs, int64_t nc, int64_t c, scalar_t* out) {
+inline void correlate_block(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+                            const int64_t* rs, int64_t nr, const int64_t* ck, const int64_t* cs,
+                            int64_t nc, int64_t c, scalar_t* out) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
   using Wd = Widen<scalar_t, A>;
@@ -56,10 +56,9 @@ inline void correlate_block(const Correlation<scalar_t>& p, const scalar_t* simg
 
 // The channels after the last full vector, one at a time.
 template <typename scalar_t, int T>
-inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg,
-                           const int64_t* rk, const int64_t* rs, int64_t nr, const int64_t* ck,
-                           const int64_t* cs, int64_t nc, int64_t c0, int64_t c1,
-                           scalar_t* out) {
+inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
+                           const int64_t* rs, int64_t nr, const int64_t* ck, const int64_t* cs,
+                           int64_t nc, int64_t c0, int64_t c1, scalar_t* out) {
   using A = acc_t<scalar_t>;
   const int64_t C = p.C;
   for (int t = 0; t < T; ++t) {
@@ -78,8 +77,8 @@ inline void correlate_tail(const Correlation<scalar_t>& p, const scalar_t* simg,
 
 template <typename scalar_t, int T, int K>
 void correlate_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                      const int64_t* rs, int64_t nr, const RowSpan& next, int64_t q,
-                      int64_t c0, int64_t c1, scalar_t* drow) {
+                      const int64_t* rs, int64_t nr, const RowSpan& next, int64_t q, int64_t c0,
+                      int64_t c1, scalar_t* drow) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   const AxisTaps& cols = *p.cols;
   const int64_t* ck = cols.k.data() + cols.offset[q];
@@ -217,9 +216,9 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
 // and every row runs the same plan.
 template <typename scalar_t>
 struct ColumnStep {
-  using Fn = void (*)(const Correlation<scalar_t>&, const scalar_t*, const int64_t*,
-                      const int64_t*, int64_t, const SlideTaps&, const RowSpan&, int64_t,
-                      int64_t, int64_t, scalar_t*);
+  using Fn = void (*)(const Correlation<scalar_t>&, const scalar_t*, const int64_t*, const int64_t*,
+                      int64_t, const SlideTaps&, const RowSpan&, int64_t, int64_t, int64_t,
+                      scalar_t*);
   Fn fn = nullptr;
   int64_t q = 0, t = 0;  // first column, pixels (tiles)
   SlideTaps st;
@@ -227,16 +226,15 @@ struct ColumnStep {
 
 template <typename scalar_t, int NC, int S, int T, int K, bool Clip>
 void slide_step(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                const int64_t* rs, int64_t nr, const SlideTaps& st, const RowSpan& next,
-                int64_t q, int64_t c0, int64_t c1, scalar_t* drow) {
-  slide_pixels<scalar_t, NC, S, T, K, Clip>(p, simg, rk, rs, nr, st, next, c0, c1,
-                                            drow + q * p.C);
+                const int64_t* rs, int64_t nr, const SlideTaps& st, const RowSpan& next, int64_t q,
+                int64_t c0, int64_t c1, scalar_t* drow) {
+  slide_pixels<scalar_t, NC, S, T, K, Clip>(p, simg, rk, rs, nr, st, next, c0, c1, drow + q * p.C);
 }
 
 template <typename scalar_t, int T, int K>
 void pixels_step(const Correlation<scalar_t>& p, const scalar_t* simg, const int64_t* rk,
-                 const int64_t* rs, int64_t nr, const SlideTaps&, const RowSpan& next,
-                 int64_t q, int64_t c0, int64_t c1, scalar_t* drow) {
+                 const int64_t* rs, int64_t nr, const SlideTaps&, const RowSpan& next, int64_t q,
+                 int64_t c0, int64_t c1, scalar_t* drow) {
   correlate_pixels<scalar_t, T, K>(p, simg, rk, rs, nr, next, q, c0, c1, drow);
 }
 
@@ -254,17 +252,17 @@ template <typename scalar_t, int T, int K = 1>
 bool slide_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
               ColumnStep<scalar_t>* step) {
   if (p.sstep > 2) return false;
-  if (!slide_taps(cols.k.data() + cols.offset[q], cols.src.data() + cols.offset[q],
-                  cols.count(q), &step->st))
+  if (!slide_taps(cols.k.data() + cols.offset[q], cols.src.data() + cols.offset[q], cols.count(q),
+                  &step->st))
     return false;
   step->q = q;
   step->t = T;
   const int64_t U = (T - 1) * p.sstep + step->st.nc;
   const bool clip = step->st.s0 < 0 || step->st.s0 + U > p.Ws;
-#define TFGRADS_SLIDE(NC)                                                               \
-  case NC:                                                                              \
-    step->fn = p.sstep == 1 ? slide_fn<scalar_t, NC, 1, T, K>(clip)                     \
-                            : slide_fn<scalar_t, NC, 2, T, K>(clip);                    \
+#define TFGRADS_SLIDE(NC)                                            \
+  case NC:                                                           \
+    step->fn = p.sstep == 1 ? slide_fn<scalar_t, NC, 1, T, K>(clip)  \
+                            : slide_fn<scalar_t, NC, 2, T, K>(clip); \
     return true;
   switch (step->st.nc) {
     TFGRADS_SLIDE(1)
@@ -305,8 +303,8 @@ bool short_tile_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t
 // a run's last 1-3 pixels as one short tile, else as a 4-pixel tile that starts earlier.
 template <typename scalar_t>
 bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
-               const std::vector<int64_t>& run, bool narrow_tiles, bool whole_13,
-               bool short_tiles, int64_t q0, int64_t* qp, ColumnStep<scalar_t>* s) {
+               const std::vector<int64_t>& run, bool narrow_tiles, bool whole_13, bool short_tiles,
+               int64_t q0, int64_t* qp, ColumnStep<scalar_t>* s) {
   const int64_t q = *qp, n = run[q], step = p.qstep;
   // The end of a run shorter than a tile is done as a tile that starts earlier in the same run
   // (recomputing a few pixels) rather than pixel by pixel.
@@ -351,8 +349,8 @@ std::vector<ColumnStep<scalar_t>> column_plan(const Correlation<scalar_t>& p, bo
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   const bool unclipped = std::is_same_v<scalar_t, float> && p.vcols != nullptr && p.C % L == 0;
   const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
-  const std::vector<int64_t> vrun =
-      unclipped ? shifted_runs(*p.vcols, p.Wd, p.qstep, p.sstep) : std::vector<int64_t>{};
+  const std::vector<int64_t> vrun = unclipped ? shifted_runs(*p.vcols, p.Wd, p.qstep, p.sstep)
+                                              : std::vector<int64_t>{};
   std::vector<ColumnStep<scalar_t>> plan;
   for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
     int64_t prefetched = std::numeric_limits<int64_t>::min();  // source columns up to here
@@ -381,7 +379,6 @@ std::vector<ColumnStep<scalar_t>> column_plan(const Correlation<scalar_t>& p, bo
   }
   return plan;
 }
-
 
 }  // namespace
 
@@ -420,8 +417,8 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
     // Tile steps per row, roughly: the previous row goes out in that many slices.
-    const int64_t steps =
-        std::max<int64_t>(1, p.Wd / 8) * ((p.C + kChannelChunk - 1) / kChannelChunk);
+    const int64_t steps = std::max<int64_t>(1, p.Wd / 8) *
+                          ((p.C + kChannelChunk - 1) / kChannelChunk);
     for (int64_t nr = begin; nr < end; ++nr) {
       const int64_t n = nr / p.Hd, r = nr % p.Hd;
       const scalar_t* simg = p.src + n * p.Hs * p.Ws * p.C;

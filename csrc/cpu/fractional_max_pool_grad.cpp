@@ -93,9 +93,18 @@ struct MaxGradPass {
   std::vector<ColumnCells> columns;
 
   MaxGradPass(const at::Tensor& x_, const GradPlan& plan)
-      : x(x_.const_data_ptr<scalar_t>()), sN(x_.stride(0)), sH(x_.stride(1)), sW(x_.stride(2)),
-        H(plan.H), W(plan.W), C(plan.C), OH(plan.rows.cells), OW(plan.cols.cells), g(plan),
-        cw_max(widest(plan.cols)), scalar_only(!exact_positions<A>(plan)) {}
+      : x(x_.const_data_ptr<scalar_t>()),
+        sN(x_.stride(0)),
+        sH(x_.stride(1)),
+        sW(x_.stride(2)),
+        H(plan.H),
+        W(plan.W),
+        C(plan.C),
+        OH(plan.rows.cells),
+        OW(plan.cols.cells),
+        g(plan),
+        cw_max(widest(plan.cols)),
+        scalar_only(!exact_positions<A>(plan)) {}
 
   // The gradient's tensors (and, for overlapping cells, the column table of the gather).
   void set_gradient(const at::Tensor& y_, const at::Tensor& dy_, at::Tensor& dx_,
@@ -121,8 +130,8 @@ struct MaxGradPass {
   // columns (CW = cw_max), the extra ones repeating its last column, so the sweep is
   // straight-line code; a repeat never wins (its column came first). RH = CW = 0: runtime sizes.
   template <int RH, int CW>
-  static void cell_argmax(const scalar_t* xc, int64_t rh, int64_t last, int64_t stride,
-                          int64_t row, int64_t pixel, Vec& best, Vec& at) {
+  static void cell_argmax(const scalar_t* xc, int64_t rh, int64_t last, int64_t stride, int64_t row,
+                          int64_t pixel, Vec& best, Vec& at) {
     const int64_t cw = CW > 0 ? CW : last + 1;
     best = Wd::load(xc);
     at = Vec(A(0));
@@ -358,8 +367,8 @@ struct MaxGradPass {
 };
 
 template <typename scalar_t>
-void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy,
-                     at::Tensor& dx, const GradPlan& g, bool overlapping) {
+void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy, at::Tensor& dx,
+                     const GradPlan& g, bool overlapping) {
   const int64_t OH = g.rows.cells, C = g.C;
   MaxGradPass<scalar_t> pass(x, g);
   pass.set_gradient(y, dy, dx, overlapping);
@@ -399,11 +408,9 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
       if (pass.stream) stream_fence();
     });
   }
-  TORCH_CHECK(same, "fractional_max_pool_grad: argument 'orig_output': ",
-              fracpool::kOutputMismatch,
+  TORCH_CHECK(same, "fractional_max_pool_grad: argument 'orig_output': ", fracpool::kOutputMismatch,
               " (orig_output is not the fractional max pool of orig_input with these sequences)");
 }
-
 
 // Double backward of the max gradient: out[b, i, j, d] = grad at the cell's argmax (the
 // gradient's own argmax and tie rule). Whole channel vectors select branch-free over the
@@ -427,8 +434,8 @@ void select_argmax_row(const MaxGradPass<scalar_t>& p, const scalar_t* gin, scal
     scalar_t* o = out + ((b * p.OH + i) * p.OW + j) * C;
     for (int64_t d = 0; !std::is_integral_v<scalar_t> && d < dv; d += L) {
       Vec best, at, v(A(0));
-      MaxGradPass<scalar_t>::template cell_argmax<RH, CW>(xc + d, rh, last, stride, p.sH,
-                                                          p.sW, best, at);
+      MaxGradPass<scalar_t>::template cell_argmax<RH, CW>(xc + d, rh, last, stride, p.sH, p.sW,
+                                                          best, at);
 #pragma GCC unroll 4
       for (int64_t h = 0; h < rh; ++h)
 #pragma GCC unroll 4
@@ -458,12 +465,10 @@ void select_argmax_row(const MaxGradPass<scalar_t>& p, const scalar_t* gin, scal
 
 }  // namespace
 
-at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input,
-                                        const at::Tensor& orig_output,
+at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input, const at::Tensor& orig_output,
                                         const at::Tensor& out_backprop,
                                         const at::Tensor& row_pooling_sequence,
-                                        const at::Tensor& col_pooling_sequence,
-                                        bool overlapping) {
+                                        const at::Tensor& col_pooling_sequence, bool overlapping) {
   constexpr const char* op = "fractional_max_pool_grad";
   const GradPlan g = fracpool::check_max_grad(op, orig_input, orig_output, out_backprop,
                                               row_pooling_sequence, col_pooling_sequence,
@@ -488,8 +493,9 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
   const GradPlan g = fracpool::check_max_grad(op, orig_input, orig_output, orig_output,
                                               row_pooling_sequence, col_pooling_sequence,
                                               overlapping);
-  TORCH_CHECK(grad.sizes() == orig_input.sizes() && grad.scalar_type() ==
-              orig_input.scalar_type(), op, ": argument 'grad' must have the shape and dtype "
+  TORCH_CHECK(grad.sizes() == orig_input.sizes() && grad.scalar_type() == orig_input.scalar_type(),
+              op,
+              ": argument 'grad' must have the shape and dtype "
               "of orig_input");
   const at::Tensor x = channels_contiguous(orig_input);
   const at::Tensor gin = grad.contiguous();
@@ -502,16 +508,16 @@ at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, g.N * OH, grain_for((g.H / OH + 1) * g.W * g.C),
                      [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t b = t / OH, i = t % OH;
-        switch (g.rows.count(i)) {
-          case 1: select_argmax_row<scalar_t, 1>(pass, src, dst, b, i, dv); break;
-          case 2: select_argmax_row<scalar_t, 2>(pass, src, dst, b, i, dv); break;
-          case 3: select_argmax_row<scalar_t, 3>(pass, src, dst, b, i, dv); break;
-          default: select_argmax_row<scalar_t, 0>(pass, src, dst, b, i, dv);
-        }
-      }
-    });
+                       for (int64_t t = begin; t < end; ++t) {
+                         const int64_t b = t / OH, i = t % OH;
+                         switch (g.rows.count(i)) {
+                           case 1: select_argmax_row<scalar_t, 1>(pass, src, dst, b, i, dv); break;
+                           case 2: select_argmax_row<scalar_t, 2>(pass, src, dst, b, i, dv); break;
+                           case 3: select_argmax_row<scalar_t, 3>(pass, src, dst, b, i, dv); break;
+                           default: select_argmax_row<scalar_t, 0>(pass, src, dst, b, i, dv);
+                         }
+                       }
+                     });
   });
   return out;
 }

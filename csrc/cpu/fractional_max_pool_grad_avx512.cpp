@@ -19,8 +19,21 @@ namespace fracpool {
 MaxGradAvx512::MaxGradAvx512(const float* x_, int64_t sN_, int64_t sH_, int64_t sW_,
                              const float* y_, const float* dy_, float* dx_, const GradPlan& plan,
                              bool overlapping, bool stream_)
-    : x(x_), sN(sN_), sH(sH_), sW(sW_), y(y_), dy(dy_), dx(dx_), g(plan), H(plan.H), W(plan.W),
-      C(plan.C), OH(plan.rows.cells), OW(plan.cols.cells), cw_max(0), stream(stream_) {
+    : x(x_),
+      sN(sN_),
+      sH(sH_),
+      sW(sW_),
+      y(y_),
+      dy(dy_),
+      dx(dx_),
+      g(plan),
+      H(plan.H),
+      W(plan.W),
+      C(plan.C),
+      OH(plan.rows.cells),
+      OW(plan.cols.cells),
+      cw_max(0),
+      stream(stream_) {
   for (int64_t j = 0; j < OW; ++j) cw_max = std::max(cw_max, g.cols.count(j));
   if (!overlapping) return;
   for (int64_t w = 0; w < W; ++w) {
@@ -57,9 +70,8 @@ inline void put(float* p, __m512 v, bool stream) {
 // CW > 0: swept as exactly CW columns, the extra ones repeating the last (a repeat is
 // visited before its real column, which then wins). RH = CW = 0: runtime sizes, K = 1.
 template <int RH, int CW, int K>
-inline void find_argmax(const float* const* xc, const __m512* m, const int64_t* last,
-                        int64_t rh, int64_t stride, int64_t row, int64_t pixel,
-                        __mmask16& same, __m512* at) {
+inline void find_argmax(const float* const* xc, const __m512* m, const int64_t* last, int64_t rh,
+                        int64_t stride, int64_t row, int64_t pixel, __mmask16& same, __m512* at) {
   static_assert(K == 1 || CW > 0, "runtime cell widths sweep one cell at a time");
   const int64_t cw = CW > 0 ? CW : last[0] + 1;
   __m512 e0[K], dup[K];
@@ -74,8 +86,8 @@ inline void find_argmax(const float* const* xc, const __m512* m, const int64_t* 
       const __m512 here = _mm512_set1_ps(static_cast<float>(h * stride + w));
 #pragma GCC unroll 2
       for (int k = 0; k < K; ++k) {
-        const __m512 v =
-            _mm512_loadu_ps(xc[k] + h * row + (CW > 0 ? std::min(w, last[k]) : w) * pixel);
+        const __m512 v = _mm512_loadu_ps(xc[k] + h * row +
+                                         (CW > 0 ? std::min(w, last[k]) : w) * pixel);
         dup[k] = _mm512_max_ps(v, dup[k]);
         at[k] = _mm512_mask_mov_ps(at[k], _mm512_cmp_ps_mask(v, m[k], _CMP_EQ_OQ), here);
       }
@@ -98,8 +110,8 @@ bool cell(const MaxGradAvx512& p, int64_t b, int64_t i, int64_t j) {
   const int64_t rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
   const int64_t last = g.cols.end[j] - c0;
   const int64_t cw = CW > 0 ? CW : last + 1;
-  const int64_t C = p.C, row = p.sH, pixel = p.sW, orow = p.W * C,
-                stride = CW > 0 ? CW : p.cw_max, k = ((b * p.OH + i) * p.OW + j) * C;
+  const int64_t C = p.C, row = p.sH, pixel = p.sW, orow = p.W * C, stride = CW > 0 ? CW : p.cw_max,
+                k = ((b * p.OH + i) * p.OW + j) * C;
   const float* xc = p.x + b * p.sN + r0 * row + c0 * pixel;
   float* o = p.dx + ((b * p.H + r0) * p.W + c0) * C;
   const bool stream = p.stream;
@@ -199,8 +211,7 @@ bool argmax_cells(const MaxGradAvx512& p, int64_t b, int64_t i, int64_t d0, int6
 }
 
 template <int RH>
-bool argmax_row(const MaxGradAvx512& p, int64_t b, int64_t i, int64_t d0, int64_t d1,
-                float* pos) {
+bool argmax_row(const MaxGradAvx512& p, int64_t b, int64_t i, int64_t d0, int64_t d1, float* pos) {
   switch (p.cw_max) {
     case 2: return argmax_cells<RH, 2>(p, b, i, d0, d1, pos);
     case 3: return argmax_cells<RH, 3>(p, b, i, d0, d1, pos);
@@ -227,8 +238,8 @@ void gather_columns(const MaxGradAvx512& p, int64_t b, int64_t h, int64_t d0, in
   const __m512 zero = _mm512_setzero_ps(), first_row = _mm512_set1_ps(ra);
   // One cell's contribution: dy where its argmax (in the ring) is this element's position.
   auto add = [](__m512 acc, const float* at, __m512 here, const float* grad) {
-    return _mm512_mask_add_ps(acc, _mm512_cmp_ps_mask(_mm512_loadu_ps(at), here, _CMP_EQ_OQ),
-                              acc, _mm512_loadu_ps(grad));
+    return _mm512_mask_add_ps(acc, _mm512_cmp_ps_mask(_mm512_loadu_ps(at), here, _CMP_EQ_OQ), acc,
+                              _mm512_loadu_ps(grad));
   };
   for (const MaxGradAvx512::Column& m : columns) {
     const __m512 ka = _mm512_set1_ps(m.k), ca = _mm512_set1_ps(ra + m.k);

@@ -25,9 +25,8 @@ struct MaxGradAvx512 {
   // x: orig_input with channels contiguous (strides sN, sH, sW); y, dy: orig_output and
   // out_backprop, contiguous NHWC; dx: the contiguous NHWC result. plan.C % 16 == 0.
   // stream: non-temporal stores (dx 64-byte aligned, large).
-  MaxGradAvx512(const float* x, int64_t sN, int64_t sH, int64_t sW, const float* y,
-                const float* dy, float* dx, const GradPlan& plan, bool overlapping,
-                bool stream);
+  MaxGradAvx512(const float* x, int64_t sN, int64_t sH, int64_t sW, const float* y, const float* dy,
+                float* dx, const GradPlan& plan, bool overlapping, bool stream);
 
   // Disjoint cells: cell row i of image b, all channels. False: an orig_output mismatch.
   bool disjoint_row(int64_t b, int64_t i) const;

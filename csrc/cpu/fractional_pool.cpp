@@ -101,8 +101,8 @@ void reduce_scalars(const Cell& cell, int64_t d0, int64_t C, scalar_t* out) {
 // which never changes a maximum (TF's `out < v` keeps the first of equal values). Loops over
 // the irregular 1-2-1-2 cell sizes mispredict at almost every cell.
 template <typename scalar_t, int RH, int CW>
-void max_row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols,
-                     int64_t C, int64_t dv, scalar_t* out) {
+void max_row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols, int64_t C,
+                     int64_t dv, scalar_t* out) {
   using A = acc_t<scalar_t>;
   using Wd = Widen<scalar_t, A>;
   using Vec = Vectorized<A>;
@@ -129,8 +129,8 @@ void max_row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan&
 
 // The straight-line max row for this cell-row height and widest cell; false if none applies.
 template <typename scalar_t, int RH>
-bool max_row_fixed(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols,
-                   int64_t cw_max, int64_t C, int64_t dv, scalar_t* out) {
+bool max_row_fixed(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols, int64_t cw_max,
+                   int64_t C, int64_t dv, scalar_t* out) {
   switch (cw_max) {
     case 1: max_row_vectors<scalar_t, RH, 1>(xr, sH, sW, cols, C, dv, out); return true;
     case 2: max_row_vectors<scalar_t, RH, 2>(xr, sH, sW, cols, C, dv, out); return true;
@@ -140,8 +140,7 @@ bool max_row_fixed(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& c
 }
 
 template <typename scalar_t, bool kMax>
-void pool_kernel(const at::Tensor& x, at::Tensor& out, const AxisPlan& rows,
-                 const AxisPlan& cols) {
+void pool_kernel(const at::Tensor& x, at::Tensor& out, const AxisPlan& rows, const AxisPlan& cols) {
   const int64_t N = x.size(0), C = x.size(3), OH = rows.cells, OW = cols.cells;
   const int64_t sN = x.stride(0), sH = x.stride(1), sW = x.stride(2);
   const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -167,8 +166,7 @@ void pool_kernel(const at::Tensor& x, at::Tensor& out, const AxisPlan& rows,
           if (dv < C)
             for (int64_t j = 0; j < OW; ++j)
               reduce_scalars<scalar_t, kMax>(
-                  Cell{xp + b * sN, sH, sW, rows.start[i], rows.end[i], cols.start[j],
-                       cols.end[j]},
+                  Cell{xp + b * sN, sH, sW, rows.start[i], rows.end[i], cols.start[j], cols.end[j]},
                   dv, C, o + j * C);
           continue;
         }
@@ -206,9 +204,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fractional_pool_cpu(
   const at::Tensor x = channels_contiguous(value);
   at::Tensor out = at::empty({s.N, s.out_h, s.out_w, s.C}, value.options());
   if (out.numel() > 0) {
-    fracpool::dispatch_value_types(x.scalar_type(), [&](auto tag) {
-      pool_kernel<decltype(tag), kMax>(x, out, rp, cp);
-    });
+    fracpool::dispatch_value_types(
+        x.scalar_type(), [&](auto tag) { pool_kernel<decltype(tag), kMax>(x, out, rp, cp); });
   }
   return {out, rows, cols};
 }
@@ -236,9 +233,9 @@ void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
     if constexpr (std::is_integral_v<scalar_t>) {
       constexpr double lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
       constexpr double hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
-      return v <= lo ? std::numeric_limits<scalar_t>::lowest()
-           : v >= hi ? std::numeric_limits<scalar_t>::max()
-                     : static_cast<scalar_t>(v);
+      return v <= lo   ? std::numeric_limits<scalar_t>::lowest()
+             : v >= hi ? std::numeric_limits<scalar_t>::max()
+                       : static_cast<scalar_t>(v);
     } else {
       return static_cast<scalar_t>(v);
     }
@@ -309,20 +306,17 @@ void avg_grad_kernel(const at::Tensor& dy, at::Tensor& dx, const GradPlan& g) {
 at::Tensor fractional_avg_pool_grad_cpu(c10::SymIntArrayRef orig_input_tensor_shape,
                                         const at::Tensor& out_backprop,
                                         const at::Tensor& row_pooling_sequence,
-                                        const at::Tensor& col_pooling_sequence,
-                                        bool overlapping) {
+                                        const at::Tensor& col_pooling_sequence, bool overlapping) {
   constexpr const char* op = "fractional_avg_pool_grad";
   const auto shape = C10_AS_INTARRAYREF_SLOW(orig_input_tensor_shape);
   const GradPlan g = fracpool::check_avg_grad(op, shape, out_backprop, row_pooling_sequence,
                                               col_pooling_sequence, overlapping);
   const at::Tensor dy = channels_contiguous(fracpool::pad_out_backprop(out_backprop, g));
   at::Tensor dx = at::empty({g.N, g.H, g.W, g.C}, out_backprop.options());
-  fracpool::dispatch_value_types(dy.scalar_type(), [&](auto tag) {
-    avg_grad_kernel<decltype(tag)>(dy, dx, g);
-  });
+  fracpool::dispatch_value_types(dy.scalar_type(),
+                                 [&](auto tag) { avg_grad_kernel<decltype(tag)>(dy, dx, g); });
   return dx;
 }
-
 
 // ---- backward of the gradient ops (double backward) -----------------------------------------
 at::Tensor fractional_avg_pool_grad_backward_cpu(const at::Tensor& grad,

@@ -15,8 +15,8 @@ namespace torch_tfgrads {
 namespace fracpool_cpu {
 
 using fracpool::AxisPlan;
-using fracpool::GradPlan;
 using fracpool::channels_contiguous;
+using fracpool::GradPlan;
 
 template <typename scalar_t>
 using acc_t = std::conditional_t<std::is_same_v<scalar_t, c10::Half> ||
@@ -43,12 +43,10 @@ T wrap_add(T a, T b) {
 }
 
 // fractional_max_pool_grad.cpp.
-at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input,
-                                        const at::Tensor& orig_output,
+at::Tensor fractional_max_pool_grad_cpu(const at::Tensor& orig_input, const at::Tensor& orig_output,
                                         const at::Tensor& out_backprop,
                                         const at::Tensor& row_pooling_sequence,
-                                        const at::Tensor& col_pooling_sequence,
-                                        bool overlapping);
+                                        const at::Tensor& col_pooling_sequence, bool overlapping);
 at::Tensor fractional_max_pool_grad_backward_cpu(const at::Tensor& orig_input,
                                                  const at::Tensor& orig_output,
                                                  const at::Tensor& grad,

@@ -84,7 +84,6 @@ inline void put(scalar_t* p, const Vectorized<acc_t>& v) {
 // in a strided order and is slower (the gradient's non-temporal stores then write partial
 // lines).
 
-
 // Runs the elementwise pass in parallel chunks: rows(r0, r1) over spans of channels-last rows,
 // or plane(n * C + c, c) over channels-first planes.
 // fence: the bodies stream their stores (stream_fence() at the end of each thread's range).
@@ -98,10 +97,11 @@ void for_each_span(const ChannelLayout& l, Rows&& rows, Plane&& plane, bool fenc
     });
   } else {
     const int64_t S = l.inner;
-    at::parallel_for(0, l.outer * C, std::max<int64_t>(1, kChunkElems / S), [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) plane(p, p % C);
-      if (fence) stream_fence();
-    });
+    at::parallel_for(0, l.outer * C, std::max<int64_t>(1, kChunkElems / S),
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t p = b; p < e; ++p) plane(p, p % C);
+                       if (fence) stream_fence();
+                     });
   }
 }
 

@@ -35,7 +35,8 @@ inline void rows_affine(scalar_t* out, const scalar_t* a, int64_t r0, int64_t r1
     for (; c + Vec::size() <= C; c += Vec::size())
       put<kStream, scalar_t, acc_t>(
           y + c, (W::load(x + c) - Vec::loadu(m + c)) * Vec::loadu(k + c) + Vec::loadu(o + c));
-    for (; c < C; ++c) y[c] = static_cast<scalar_t>((static_cast<acc_t>(x[c]) - m[c]) * k[c] + o[c]);
+    for (; c < C; ++c)
+      y[c] = static_cast<scalar_t>((static_cast<acc_t>(x[c]) - m[c]) * k[c] + o[c]);
   }
 }
 
@@ -114,11 +115,15 @@ void forward_kernel(bn::Forward& f, const at::Tensor& scale, const at::Tensor& o
   // (twice the gradient's, whose dx shares the caches with two inputs).
   with_stream(can_stream(f.layout, y, f.y_phys.numel(), int64_t{8} << 20), [&](auto streamed) {
     constexpr bool kStream = decltype(streamed)::value;
-    for_each_span(f.layout, [&](int64_t r0, int64_t r1) {
-      rows_affine<scalar_t, acc_t, kStream>(y, x, r0, r1, C, m.data(), k.data(), o.data());
-    }, [&](int64_t p, int64_t c) {
-      plane_affine<scalar_t, acc_t, kStream>(y + p * S, x + p * S, S, m[c], k[c], o[c]);
-    }, kStream);
+    for_each_span(
+        f.layout,
+        [&](int64_t r0, int64_t r1) {
+          rows_affine<scalar_t, acc_t, kStream>(y, x, r0, r1, C, m.data(), k.data(), o.data());
+        },
+        [&](int64_t p, int64_t c) {
+          plane_affine<scalar_t, acc_t, kStream>(y + p * S, x + p * S, S, m[c], k[c], o[c]);
+        },
+        kStream);
   });
 }
 

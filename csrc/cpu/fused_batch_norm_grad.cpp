@@ -49,41 +49,44 @@ inline void rows_grad_sums(acc_t* sdy, acc_t* sdyxc, const scalar_t* dy, const s
   using W = Widen<scalar_t, acc_t>;
   using Vec = typename W::Vec;
   constexpr int64_t V = Vec::size();
-  channel_blocks<acc_t>(r0, r1, C, [&](auto nv, int64_t a, int64_t b, int64_t c) {
-    constexpr int NV = decltype(nv)::value;
-    Vec s[NV], t[NV], vm[NV];
-    for (int v = 0; v < NV; ++v) {
-      s[v] = Vec::loadu(sdy + c + v * V);
-      t[v] = Vec::loadu(sdyxc + c + v * V);
-      vm[v] = Vec::loadu(m + c + v * V);
-    }
-    for (int64_t r = a; r < b; ++r)
-      for (int v = 0; v < NV; ++v) {
-        const int64_t i = r * C + c + v * V;
-        const Vec g = W::load(dy + i);
-        s[v] = s[v] + g;
-        t[v] = t[v] + g * (W::load(x + i) - vm[v]);
-      }
-    for (int v = 0; v < NV; ++v) {
-      s[v].store(sdy + c + v * V);
-      t[v].store(sdyxc + c + v * V);
-    }
-  }, [&](int64_t a, int64_t b, int64_t c0) {
-    for (int64_t r = a; r < b; ++r)
-      for (int64_t c = c0; c < C; ++c) {
-        const acc_t g = static_cast<acc_t>(dy[r * C + c]);
-        sdy[c] += g;
-        sdyxc[c] += g * (static_cast<acc_t>(x[r * C + c]) - m[c]);
-      }
-  });
+  channel_blocks<acc_t>(
+      r0, r1, C,
+      [&](auto nv, int64_t a, int64_t b, int64_t c) {
+        constexpr int NV = decltype(nv)::value;
+        Vec s[NV], t[NV], vm[NV];
+        for (int v = 0; v < NV; ++v) {
+          s[v] = Vec::loadu(sdy + c + v * V);
+          t[v] = Vec::loadu(sdyxc + c + v * V);
+          vm[v] = Vec::loadu(m + c + v * V);
+        }
+        for (int64_t r = a; r < b; ++r)
+          for (int v = 0; v < NV; ++v) {
+            const int64_t i = r * C + c + v * V;
+            const Vec g = W::load(dy + i);
+            s[v] = s[v] + g;
+            t[v] = t[v] + g * (W::load(x + i) - vm[v]);
+          }
+        for (int v = 0; v < NV; ++v) {
+          s[v].store(sdy + c + v * V);
+          t[v].store(sdyxc + c + v * V);
+        }
+      },
+      [&](int64_t a, int64_t b, int64_t c0) {
+        for (int64_t r = a; r < b; ++r)
+          for (int64_t c = c0; c < C; ++c) {
+            const acc_t g = static_cast<acc_t>(dy[r * C + c]);
+            sdy[c] += g;
+            sdyxc[c] += g * (static_cast<acc_t>(x[r * C + c]) - m[c]);
+          }
+      });
 }
 
 // dx[r, c] = A[c] * ((dy[r, c] - mdy[c]) - (x[r, c] - m[c]) * B[c]) over rows [r0, r1)
 // (training-mode input gradient). kStream: float dx, non-temporal (dx 32-byte aligned, C % 8 == 0).
 template <typename scalar_t, typename acc_t, bool kStream>
 inline void rows_grad_input(scalar_t* dx, const scalar_t* dy, const scalar_t* x, int64_t r0,
-                            int64_t r1, int64_t C, const acc_t* A, const acc_t* mdy,
-                            const acc_t* m, const acc_t* B) {
+                            int64_t r1, int64_t C, const acc_t* A, const acc_t* mdy, const acc_t* m,
+                            const acc_t* B) {
   using W = Widen<scalar_t, acc_t>;
   using Vec = typename W::Vec;
   for (int64_t i0 = r0 * C; i0 < r1 * C; i0 += C) {
@@ -96,7 +99,8 @@ inline void rows_grad_input(scalar_t* dx, const scalar_t* dy, const scalar_t* x,
     }
     for (; c < C; ++c) {
       const int64_t i = i0 + c;
-      const acc_t r = (static_cast<acc_t>(dy[i]) - mdy[c]) - (static_cast<acc_t>(x[i]) - m[c]) * B[c];
+      const acc_t r = (static_cast<acc_t>(dy[i]) - mdy[c]) -
+                      (static_cast<acc_t>(x[i]) - m[c]) * B[c];
       dx[i] = static_cast<scalar_t>(A[c] * r);
     }
   }
@@ -157,7 +161,8 @@ inline void plane_grad_input(scalar_t* dx, const scalar_t* dy, const scalar_t* x
   const Vec vA(A), vmdy(mdy), vm(m), vB(B);
   int64_t i = 0;
   for (; i + Vec::size() <= L; i += Vec::size())
-    put<kStream, scalar_t, acc_t>(dx + i, vA * ((W::load(dy + i) - vmdy) - (W::load(x + i) - vm) * vB));
+    put<kStream, scalar_t, acc_t>(dx + i,
+                                  vA * ((W::load(dy + i) - vmdy) - (W::load(x + i) - vm) * vB));
   for (; i < L; ++i) {
     const acc_t r = (static_cast<acc_t>(dy[i]) - mdy) - (static_cast<acc_t>(x[i]) - m) * B;
     dx[i] = static_cast<scalar_t>(A * r);
@@ -267,21 +272,26 @@ void backward_kernel(bn::Backward& b, const at::Tensor& scale, const at::Tensor&
     const bool stream = can_stream(b.layout, dx, b.dx_phys.numel(), int64_t{4} << 20);
     with_stream(stream, [&](auto streamed) {
       constexpr bool kStream = decltype(streamed)::value;
-      for_each_span(b.layout, [&](int64_t r0, int64_t r1) {
-        rows_grad_input<scalar_t, acc_t, kStream>(dx, dy, x, r0, r1, C, A.data(), mdy.data(),
-                                                  m.data(), B.data());
-      }, [&](int64_t p, int64_t c) {
-        plane_grad_input<scalar_t, acc_t, kStream>(dx + p * S, dy + p * S, x + p * S, S, A[c],
-                                                   mdy[c], m[c], B[c]);
-      }, kStream);
+      for_each_span(
+          b.layout,
+          [&](int64_t r0, int64_t r1) {
+            rows_grad_input<scalar_t, acc_t, kStream>(dx, dy, x, r0, r1, C, A.data(), mdy.data(),
+                                                      m.data(), B.data());
+          },
+          [&](int64_t p, int64_t c) {
+            plane_grad_input<scalar_t, acc_t, kStream>(dx + p * S, dy + p * S, x + p * S, S, A[c],
+                                                       mdy[c], m[c], B[c]);
+          },
+          kStream);
     });
   } else {
     const int64_t S = b.layout.inner;
-    for_each_span(b.layout, [&](int64_t r0, int64_t r1) {
-      rows_scale<scalar_t, acc_t>(dx, dy, r0, r1, C, A.data());
-    }, [&](int64_t p, int64_t c) {
-      plane_scale<scalar_t, acc_t>(dx + p * S, dy + p * S, S, A[c]);
-    });
+    for_each_span(
+        b.layout,
+        [&](int64_t r0, int64_t r1) { rows_scale<scalar_t, acc_t>(dx, dy, r0, r1, C, A.data()); },
+        [&](int64_t p, int64_t c) {
+          plane_scale<scalar_t, acc_t>(dx + p * S, dy + p * S, S, A[c]);
+        });
   }
 }
 
@@ -293,7 +303,8 @@ fused_batch_norm_grad_v3_cpu(const at::Tensor& y_backprop, const at::Tensor& x,
                              const at::Tensor& reserve_space_2, const at::Tensor& reserve_space_3,
                              double epsilon, c10::string_view data_format, bool is_training) {
   (void)reserve_space_3;  // TF's CPU kernel does not inspect it either
-  auto b = bn::prepare_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, data_format);
+  auto b = bn::prepare_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                                data_format);
   if (!b.done) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), bn::kBwd, [&] {
       backward_kernel<scalar_t>(b, scale, reserve_space_1, reserve_space_2, epsilon, is_training);

@@ -49,17 +49,20 @@ inline void rows_add(acc_t* acc, const scalar_t* x, int64_t r0, int64_t r1, int6
   using W = Widen<scalar_t, acc_t>;
   using Vec = typename W::Vec;
   constexpr int64_t V = Vec::size();
-  channel_blocks<acc_t>(r0, r1, C, [&](auto nv, int64_t a, int64_t b, int64_t c) {
-    constexpr int NV = decltype(nv)::value;
-    Vec s[NV];
-    for (int v = 0; v < NV; ++v) s[v] = Vec::loadu(acc + c + v * V);
-    for (int64_t r = a; r < b; ++r)
-      for (int v = 0; v < NV; ++v) s[v] = s[v] + W::load(x + r * C + c + v * V);
-    for (int v = 0; v < NV; ++v) s[v].store(acc + c + v * V);
-  }, [&](int64_t a, int64_t b, int64_t c0) {
-    for (int64_t r = a; r < b; ++r)
-      for (int64_t c = c0; c < C; ++c) acc[c] += static_cast<acc_t>(x[r * C + c]);
-  });
+  channel_blocks<acc_t>(
+      r0, r1, C,
+      [&](auto nv, int64_t a, int64_t b, int64_t c) {
+        constexpr int NV = decltype(nv)::value;
+        Vec s[NV];
+        for (int v = 0; v < NV; ++v) s[v] = Vec::loadu(acc + c + v * V);
+        for (int64_t r = a; r < b; ++r)
+          for (int v = 0; v < NV; ++v) s[v] = s[v] + W::load(x + r * C + c + v * V);
+        for (int v = 0; v < NV; ++v) s[v].store(acc + c + v * V);
+      },
+      [&](int64_t a, int64_t b, int64_t c0) {
+        for (int64_t r = a; r < b; ++r)
+          for (int64_t c = c0; c < C; ++c) acc[c] += static_cast<acc_t>(x[r * C + c]);
+      });
 }
 
 // acc[c] += (x[r, c] - m[c])^2 over rows [r0, r1)
@@ -69,26 +72,29 @@ inline void rows_add_sqdev(acc_t* acc, const scalar_t* x, const acc_t* m, int64_
   using W = Widen<scalar_t, acc_t>;
   using Vec = typename W::Vec;
   constexpr int64_t V = Vec::size();
-  channel_blocks<acc_t>(r0, r1, C, [&](auto nv, int64_t a, int64_t b, int64_t c) {
-    constexpr int NV = decltype(nv)::value;
-    Vec s[NV], vm[NV];
-    for (int v = 0; v < NV; ++v) {
-      s[v] = Vec::loadu(acc + c + v * V);
-      vm[v] = Vec::loadu(m + c + v * V);
-    }
-    for (int64_t r = a; r < b; ++r)
-      for (int v = 0; v < NV; ++v) {
-        const Vec d = W::load(x + r * C + c + v * V) - vm[v];
-        s[v] = s[v] + d * d;
-      }
-    for (int v = 0; v < NV; ++v) s[v].store(acc + c + v * V);
-  }, [&](int64_t a, int64_t b, int64_t c0) {
-    for (int64_t r = a; r < b; ++r)
-      for (int64_t c = c0; c < C; ++c) {
-        const acc_t d = static_cast<acc_t>(x[r * C + c]) - m[c];
-        acc[c] += d * d;
-      }
-  });
+  channel_blocks<acc_t>(
+      r0, r1, C,
+      [&](auto nv, int64_t a, int64_t b, int64_t c) {
+        constexpr int NV = decltype(nv)::value;
+        Vec s[NV], vm[NV];
+        for (int v = 0; v < NV; ++v) {
+          s[v] = Vec::loadu(acc + c + v * V);
+          vm[v] = Vec::loadu(m + c + v * V);
+        }
+        for (int64_t r = a; r < b; ++r)
+          for (int v = 0; v < NV; ++v) {
+            const Vec d = W::load(x + r * C + c + v * V) - vm[v];
+            s[v] = s[v] + d * d;
+          }
+        for (int v = 0; v < NV; ++v) s[v].store(acc + c + v * V);
+      },
+      [&](int64_t a, int64_t b, int64_t c0) {
+        for (int64_t r = a; r < b; ++r)
+          for (int64_t c = c0; c < C; ++c) {
+            const acc_t d = static_cast<acc_t>(x[r * C + c]) - m[c];
+            acc[c] += d * d;
+          }
+      });
 }
 
 template <typename scalar_t, typename acc_t>
@@ -195,8 +201,8 @@ void batch_moments(const ChannelLayout& l, const scalar_t* x, std::vector<double
   for (int64_t c = 0; c < C; ++c) var[c] = total.m2[c] / total.n;
 }
 
-template void batch_moments<float, float>(const ChannelLayout&, const float*,
-                                          std::vector<double>&, std::vector<double>&);
+template void batch_moments<float, float>(const ChannelLayout&, const float*, std::vector<double>&,
+                                          std::vector<double>&);
 template void batch_moments<double, double>(const ChannelLayout&, const double*,
                                             std::vector<double>&, std::vector<double>&);
 template void batch_moments<c10::Half, float>(const ChannelLayout&, const c10::Half*,

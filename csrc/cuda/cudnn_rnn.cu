@@ -23,8 +23,8 @@ namespace {
 constexpr int kThreads = 256;
 
 int blocks_for(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads,
-                                                                 1 << 20)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 20)));
 }
 
 template <typename T>
@@ -161,14 +161,23 @@ void cell_forward(const Config& cfg, const CellForward& a) {
   if (n == 0) return;
   const c10::cuda::CUDAGuard guard(a.gx.device());
   AT_DISPATCH_FLOATING_TYPES(a.gx.scalar_type(), "cudnn_rnn_cell_forward_cuda", [&] {
-    FwdArgs<scalar_t> args{cptr<scalar_t>(a.gx),   cptr<scalar_t>(a.gh),
-                           cptr<scalar_t>(a.h_prev), cptr<scalar_t>(a.c_prev),
+    FwdArgs<scalar_t> args{cptr<scalar_t>(a.gx),
+                           cptr<scalar_t>(a.gh),
+                           cptr<scalar_t>(a.h_prev),
+                           cptr<scalar_t>(a.c_prev),
                            a.lens.defined() ? a.lens.data_ptr<int>() : nullptr,
-                           mptr<scalar_t>(a.acts), mptr<scalar_t>(a.c_out),
-                           mptr<scalar_t>(a.h_out), cfg.B, cfg.U, cfg.Hh, cfg.GU(),
-                           cfg.act_width(), a.step, a.projected};
-    cell_forward_kernel<scalar_t><<<blocks_for(n), kThreads, 0,
-                                    c10::cuda::getCurrentCUDAStream()>>>(cfg.mode, args);
+                           mptr<scalar_t>(a.acts),
+                           mptr<scalar_t>(a.c_out),
+                           mptr<scalar_t>(a.h_out),
+                           cfg.B,
+                           cfg.U,
+                           cfg.Hh,
+                           cfg.GU(),
+                           cfg.act_width(),
+                           a.step,
+                           a.projected};
+    cell_forward_kernel<scalar_t>
+        <<<blocks_for(n), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(cfg.mode, args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
@@ -178,15 +187,25 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
   if (n == 0) return;
   const c10::cuda::CUDAGuard guard(a.dgx.device());
   AT_DISPATCH_FLOATING_TYPES(a.dgx.scalar_type(), "cudnn_rnn_cell_backward_cuda", [&] {
-    BwdArgs<scalar_t> args{cptr<scalar_t>(a.acts),  cptr<scalar_t>(a.c_cur),
-                           cptr<scalar_t>(a.c_prev), cptr<scalar_t>(a.h_prev),
-                           cptr<scalar_t>(a.dh),    cptr<scalar_t>(a.dc),
+    BwdArgs<scalar_t> args{cptr<scalar_t>(a.acts),
+                           cptr<scalar_t>(a.c_cur),
+                           cptr<scalar_t>(a.c_prev),
+                           cptr<scalar_t>(a.h_prev),
+                           cptr<scalar_t>(a.dh),
+                           cptr<scalar_t>(a.dc),
                            a.lens.defined() ? a.lens.data_ptr<int>() : nullptr,
-                           mptr<scalar_t>(a.dgx),   mptr<scalar_t>(a.dgh),
-                           mptr<scalar_t>(a.dc_prev), mptr<scalar_t>(a.dh_carry),
-                           cfg.B, cfg.U, cfg.Hh, cfg.GU(), cfg.act_width(), a.step};
-    cell_backward_kernel<scalar_t><<<blocks_for(n), kThreads, 0,
-                                     c10::cuda::getCurrentCUDAStream()>>>(cfg.mode, args);
+                           mptr<scalar_t>(a.dgx),
+                           mptr<scalar_t>(a.dgh),
+                           mptr<scalar_t>(a.dc_prev),
+                           mptr<scalar_t>(a.dh_carry),
+                           cfg.B,
+                           cfg.U,
+                           cfg.Hh,
+                           cfg.GU(),
+                           cfg.act_width(),
+                           a.step};
+    cell_backward_kernel<scalar_t>
+        <<<blocks_for(n), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(cfg.mode, args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -35,8 +35,8 @@ constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
 constexpr int kThreads = 256;
 
 int blocks_for(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads,
-                                                                 1 << 20)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 20)));
 }
 
 // The geometry as kernel arguments (a trivially copyable struct).
@@ -45,15 +45,15 @@ struct Dims {
 };
 
 Dims dims_of(const Geometry& g) {
-  return Dims{g.N, g.H, g.W, g.C, g.M, g.fh, g.fw, g.Ho, g.Wo,
-              g.sH, g.sW, g.dH, g.dW, g.pt, g.pl};
+  return Dims{g.N, g.H, g.W, g.C, g.M, g.fh, g.fw, g.Ho, g.Wo, g.sH, g.sW, g.dH, g.dW, g.pt, g.pl};
 }
 
 // Offset of (n, c, h, w) in a dense tensor of `Cn` channels and rows x cols pixels.
 template <bool kChannelsLast>
-__device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w,
-                                          int64_t Cn, int64_t rows, int64_t cols) {
-  return kChannelsLast ? ((n * rows + h) * cols + w) * Cn + c : ((n * Cn + c) * rows + h) * cols + w;
+__device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t Cn,
+                                          int64_t rows, int64_t cols) {
+  return kChannelsLast ? ((n * rows + h) * cols + w) * Cn + c
+                       : ((n * Cn + c) * rows + h) * cols + w;
 }
 
 // Decodes a linear index in the layout's order into (n, c, h, w).
@@ -104,8 +104,8 @@ __global__ void forward_kernel(const scalar_t* __restrict__ x, const scalar_t* _
 
 template <typename scalar_t, bool kChannelsLast>
 __global__ void backprop_input_kernel(const scalar_t* __restrict__ f,
-                                      const scalar_t* __restrict__ dy,
-                                      scalar_t* __restrict__ dx, Dims d, int64_t total) {
+                                      const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+                                      Dims d, int64_t total) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t CM = d.C * d.M;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -173,8 +173,7 @@ __global__ void filter_grad_partial_kernel(const scalar_t* __restrict__ x,
 // Filter gradient, pass 2: the chunks of each filter element summed in chunk order.
 template <typename scalar_t>
 __global__ void filter_grad_sum_kernel(const at::opmath_type<scalar_t>* __restrict__ part,
-                                       scalar_t* __restrict__ df, int64_t elems,
-                                       int64_t chunks) {
+                                       scalar_t* __restrict__ df, int64_t elems, int64_t chunks) {
   using acc_t = at::opmath_type<scalar_t>;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < elems;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -187,10 +186,10 @@ __global__ void filter_grad_sum_kernel(const at::opmath_type<scalar_t>* __restri
 at::Tensor depthwise_conv2d_native_cuda(const at::Tensor& input, const at::Tensor& filter,
                                         at::IntArrayRef strides, c10::string_view padding,
                                         at::OptionalIntArrayRef explicit_paddings,
-                                        c10::string_view data_format,
-                                        at::IntArrayRef dilations) {
+                                        c10::string_view data_format, at::IntArrayRef dilations) {
   const Geometry g = depthwise::check_forward(kFwd, input, filter, strides, padding,
-                                              explicit_paddings.value_or(at::IntArrayRef{}), data_format, dilations);
+                                              explicit_paddings.value_or(at::IntArrayRef{}),
+                                              data_format, dilations);
   c10::cuda::CUDAGuard guard(input.device());
   const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
   at::Tensor out = empty_in_layout(g.output_shape(), l, input.options());
@@ -202,12 +201,12 @@ at::Tensor depthwise_conv2d_native_cuda(const at::Tensor& input, const at::Tenso
     using scalar_t = decltype(tag);
     if (l.channels_last)
       forward_kernel<scalar_t, true><<<blocks_for(total), kThreads, 0, stream>>>(
-          x.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-          dims_of(g), total);
+          x.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), dims_of(g),
+          total);
     else
       forward_kernel<scalar_t, false><<<blocks_for(total), kThreads, 0, stream>>>(
-          x.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-          dims_of(g), total);
+          x.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), dims_of(g),
+          total);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -231,12 +230,12 @@ at::Tensor depthwise_conv2d_native_backprop_input_cuda(
     using scalar_t = decltype(tag);
     if (l.channels_last)
       backprop_input_kernel<scalar_t, true><<<blocks_for(total), kThreads, 0, stream>>>(
-          f.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(),
-          dims_of(g), total);
+          f.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), dims_of(g),
+          total);
     else
       backprop_input_kernel<scalar_t, false><<<blocks_for(total), kThreads, 0, stream>>>(
-          f.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(),
-          dims_of(g), total);
+          f.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), dims_of(g),
+          total);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return dx;
@@ -270,13 +269,13 @@ at::Tensor depthwise_conv2d_native_backprop_filter_cuda(
                     static_cast<unsigned>(chunks));
     const dim3 block(32, 8);
     if (l.channels_last)
-      filter_grad_partial_kernel<scalar_t, true><<<grid, block, 0, stream>>>(
-          x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), part.data_ptr<acc_t>(), dims_of(g),
-          per_chunk);
+      filter_grad_partial_kernel<scalar_t, true>
+          <<<grid, block, 0, stream>>>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                       part.data_ptr<acc_t>(), dims_of(g), per_chunk);
     else
-      filter_grad_partial_kernel<scalar_t, false><<<grid, block, 0, stream>>>(
-          x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), part.data_ptr<acc_t>(), dims_of(g),
-          per_chunk);
+      filter_grad_partial_kernel<scalar_t, false>
+          <<<grid, block, 0, stream>>>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                       part.data_ptr<acc_t>(), dims_of(g), per_chunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t elems = taps * CM;
     filter_grad_sum_kernel<scalar_t><<<blocks_for(elems), kThreads, 0, stream>>>(
@@ -291,8 +290,7 @@ at::Tensor depthwise_conv2d_native_backprop_filter_cuda(
 TORCH_LIBRARY_IMPL(tfgrads, CUDA, m) {
   m.impl("depthwise_conv2d_native", &depthwise_conv2d_native_cuda);
   m.impl("depthwise_conv2d_native_backprop_input", &depthwise_conv2d_native_backprop_input_cuda);
-  m.impl("depthwise_conv2d_native_backprop_filter",
-         &depthwise_conv2d_native_backprop_filter_cuda);
+  m.impl("depthwise_conv2d_native_backprop_filter", &depthwise_conv2d_native_backprop_filter_cuda);
 }
 
 }  // namespace torch_tfgrads

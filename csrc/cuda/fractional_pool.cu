@@ -30,15 +30,15 @@
 namespace torch_tfgrads {
 namespace {
 
-using fracpool::GradPlan;
 using fracpool::channels_contiguous;
+using fracpool::GradPlan;
 using fracpool::PackedPlan;
 
 constexpr int kThreads = 256;
 
 int blocks_for(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads,
-                                                                 1 << 20)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 20)));
 }
 
 // The cell plans on the device.
@@ -59,8 +59,8 @@ at::Tensor upload_plan(const GradPlan& g, const at::Device& device, PackedPlan* 
 
 // Sum type: TF sums in T; half types in float.
 template <typename scalar_t>
-using sum_t = std::conditional_t<std::is_integral<scalar_t>::value, scalar_t,
-                                 at::opmath_type<scalar_t>>;
+using sum_t =
+    std::conditional_t<std::is_integral<scalar_t>::value, scalar_t, at::opmath_type<scalar_t>>;
 
 template <typename T>
 __device__ __forceinline__ T add(T a, T b) {
@@ -122,8 +122,8 @@ void launch_pool(const at::Tensor& x, at::Tensor& out, const GradPlan& g) {
   auto run = [&](auto tag) {
     using scalar_t = decltype(tag);
     pool_kernel<scalar_t, kMax><<<blocks_for(total), kThreads, 0, stream>>>(
-        x.const_data_ptr<scalar_t>(), x.stride(0), x.stride(1), x.stride(2), plan,
-        g.rows.cells, g.cols.cells, g.C, total, out.mutable_data_ptr<scalar_t>());
+        x.const_data_ptr<scalar_t>(), x.stride(0), x.stride(1), x.stride(2), plan, g.rows.cells,
+        g.cols.cells, g.C, total, out.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   fracpool::dispatch_value_types(x.scalar_type(), run);
@@ -137,7 +137,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fractional_pool_cuda(
   c10::cuda::CUDAGuard guard(value.device());
   const auto s = fracpool::check_pool(op, kMax, value, pooling_ratio, deterministic, seed, seed2);
   auto [rows, cols] = fracpool::pooling_sequences(s, pseudo_random, seed, seed2);
-  GradPlan g{s.N, s.H, s.W, s.C,
+  GradPlan g{s.N,
+             s.H,
+             s.W,
+             s.C,
              fracpool::plan_axis(rows.data_ptr<int64_t>(), s.out_h, overlapping, s.H),
              fracpool::plan_axis(cols.data_ptr<int64_t>(), s.out_w, overlapping, s.W)};
   const at::Tensor x = channels_contiguous(value);
@@ -148,9 +151,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fractional_pool_cuda(
 
 // ---- FractionalAvgPoolGrad ----------------------------------------------------------------
 template <typename scalar_t>
-__global__ void avg_grad_kernel(const scalar_t* __restrict__ dy, int64_t sN, int64_t sH,
-                                int64_t sW, DevicePlan plan, int64_t H, int64_t W, int64_t C,
-                                int64_t total, scalar_t* __restrict__ dx) {
+__global__ void avg_grad_kernel(const scalar_t* __restrict__ dy, int64_t sN, int64_t sH, int64_t sW,
+                                DevicePlan plan, int64_t H, int64_t W, int64_t C, int64_t total,
+                                scalar_t* __restrict__ dx) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = k % C, w = (k / C) % W, h = (k / (C * W)) % H, b = k / (C * W * H);
@@ -165,8 +168,9 @@ __global__ void avg_grad_kernel(const scalar_t* __restrict__ dy, int64_t sN, int
     if constexpr (std::is_integral<scalar_t>::value) {
       const double lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
       const double hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
-      dx[k] = acc <= lo ? std::numeric_limits<scalar_t>::lowest()
-            : acc >= hi ? std::numeric_limits<scalar_t>::max() : static_cast<scalar_t>(acc);
+      dx[k] = acc <= lo   ? std::numeric_limits<scalar_t>::lowest()
+              : acc >= hi ? std::numeric_limits<scalar_t>::max()
+                          : static_cast<scalar_t>(acc);
     } else {
       dx[k] = static_cast<scalar_t>(acc);
     }
@@ -176,12 +180,11 @@ __global__ void avg_grad_kernel(const scalar_t* __restrict__ dy, int64_t sN, int
 at::Tensor fractional_avg_pool_grad_cuda(c10::SymIntArrayRef orig_input_tensor_shape,
                                          const at::Tensor& out_backprop,
                                          const at::Tensor& row_pooling_sequence,
-                                         const at::Tensor& col_pooling_sequence,
-                                         bool overlapping) {
+                                         const at::Tensor& col_pooling_sequence, bool overlapping) {
   c10::cuda::CUDAGuard guard(out_backprop.device());
   const GradPlan g = fracpool::check_avg_grad(
-      "fractional_avg_pool_grad", C10_AS_INTARRAYREF_SLOW(orig_input_tensor_shape),
-      out_backprop, row_pooling_sequence, col_pooling_sequence, overlapping);
+      "fractional_avg_pool_grad", C10_AS_INTARRAYREF_SLOW(orig_input_tensor_shape), out_backprop,
+      row_pooling_sequence, col_pooling_sequence, overlapping);
   const at::Tensor dy = channels_contiguous(fracpool::pad_out_backprop(out_backprop, g));
   at::Tensor dx = at::empty({g.N, g.H, g.W, g.C}, out_backprop.options());
   PackedPlan offsets;
@@ -204,10 +207,10 @@ at::Tensor fractional_avg_pool_grad_cuda(c10::SymIntArrayRef orig_input_tensor_s
 // argmax[k] = flat NHWC index of the first maximum of output element k's cell; *mismatch set
 // when the maximum differs from orig_output (TF's "tensor_out_dup" check).
 template <typename scalar_t>
-__global__ void argmax_kernel(const scalar_t* __restrict__ x, int64_t sN, int64_t sH,
-                              int64_t sW, const scalar_t* __restrict__ y, DevicePlan plan,
-                              int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t C,
-                              int64_t total, int64_t* __restrict__ argmax, int* mismatch) {
+__global__ void argmax_kernel(const scalar_t* __restrict__ x, int64_t sN, int64_t sH, int64_t sW,
+                              const scalar_t* __restrict__ y, DevicePlan plan, int64_t H, int64_t W,
+                              int64_t OH, int64_t OW, int64_t C, int64_t total,
+                              int64_t* __restrict__ argmax, int* mismatch) {
   using A = sum_t<scalar_t>;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
        k += int64_t(gridDim.x) * blockDim.x) {
@@ -264,17 +267,17 @@ __global__ void gather_at_kernel(const scalar_t* __restrict__ src,
 // argmax of every output element).
 at::Tensor max_grad_common(const char* op, const at::Tensor& orig_input,
                            const at::Tensor& orig_output, const at::Tensor& grad_in,
-                           const at::Tensor& row_seq, const at::Tensor& col_seq,
-                           bool overlapping, bool backward_of_grad) {
+                           const at::Tensor& row_seq, const at::Tensor& col_seq, bool overlapping,
+                           bool backward_of_grad) {
   c10::cuda::CUDAGuard guard(orig_input.device());
-  const GradPlan g = fracpool::check_max_grad(
-      op, orig_input, orig_output, backward_of_grad ? orig_output : grad_in, row_seq, col_seq,
-      overlapping);
+  const GradPlan g = fracpool::check_max_grad(op, orig_input, orig_output,
+                                              backward_of_grad ? orig_output : grad_in, row_seq,
+                                              col_seq, overlapping);
   if (backward_of_grad) {
     check_same_device(orig_input, grad_in, op, "orig_input", "grad");
-    TORCH_CHECK(grad_in.sizes() == orig_input.sizes() &&
-                    grad_in.scalar_type() == orig_input.scalar_type(),
-                op, ": argument 'grad' must have the shape and dtype of orig_input");
+    TORCH_CHECK(
+        grad_in.sizes() == orig_input.sizes() && grad_in.scalar_type() == orig_input.scalar_type(),
+        op, ": argument 'grad' must have the shape and dtype of orig_input");
   }
   const at::Tensor x = channels_contiguous(orig_input);
   const at::Tensor y = orig_output.contiguous();
@@ -291,9 +294,8 @@ at::Tensor max_grad_common(const char* op, const at::Tensor& orig_input,
     using scalar_t = decltype(tag);
     argmax_kernel<scalar_t><<<blocks_for(n_out), kThreads, 0, stream>>>(
         x.const_data_ptr<scalar_t>(), x.stride(0), x.stride(1), x.stride(2),
-        backward_of_grad ? nullptr : y.const_data_ptr<scalar_t>(), plan, g.H, g.W,
-        g.rows.cells, g.cols.cells, g.C, n_out, argmax.mutable_data_ptr<int64_t>(),
-        flag.mutable_data_ptr<int>());
+        backward_of_grad ? nullptr : y.const_data_ptr<scalar_t>(), plan, g.H, g.W, g.rows.cells,
+        g.cols.cells, g.C, n_out, argmax.mutable_data_ptr<int64_t>(), flag.mutable_data_ptr<int>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (backward_of_grad) {
       gather_at_kernel<scalar_t><<<blocks_for(n_out), kThreads, 0, stream>>>(
@@ -320,8 +322,7 @@ at::Tensor fractional_max_pool_grad_cuda(const at::Tensor& orig_input,
                                          const at::Tensor& orig_output,
                                          const at::Tensor& out_backprop,
                                          const at::Tensor& row_pooling_sequence,
-                                         const at::Tensor& col_pooling_sequence,
-                                         bool overlapping) {
+                                         const at::Tensor& col_pooling_sequence, bool overlapping) {
   return max_grad_common("fractional_max_pool_grad", orig_input, orig_output, out_backprop,
                          row_pooling_sequence, col_pooling_sequence, overlapping, false);
 }
@@ -341,9 +342,9 @@ at::Tensor fractional_avg_pool_grad_backward_cuda(const at::Tensor& grad,
                                                   const at::Tensor& col_pooling_sequence,
                                                   bool overlapping) {
   c10::cuda::CUDAGuard guard(grad.device());
-  const GradPlan g = fracpool::check_pool_with_sequences(
-      "_fractional_avg_pool_grad_backward", grad, row_pooling_sequence, col_pooling_sequence,
-      overlapping);
+  const GradPlan g = fracpool::check_pool_with_sequences("_fractional_avg_pool_grad_backward", grad,
+                                                         row_pooling_sequence, col_pooling_sequence,
+                                                         overlapping);
   const at::Tensor x = channels_contiguous(grad);
   at::Tensor out = at::empty({g.N, g.rows.cells, g.cols.cells, g.C}, grad.options());
   launch_pool<false>(x, out, g);

@@ -23,9 +23,9 @@ namespace torch_tfgrads {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowsPerBlock = 8;     // channels-last block: 32 channels x 8 rows of threads
-constexpr int kThreads = 256;        // channels-first and elementwise blocks
-constexpr int64_t kSpan = 4096;      // channels-first elements per block and channel
+constexpr int kRowsPerBlock = 8;  // channels-last block: 32 channels x 8 rows of threads
+constexpr int kThreads = 256;     // channels-first and elementwise blocks
+constexpr int64_t kSpan = 4096;   // channels-first elements per block and channel
 
 // Running (count, mean, M2) of one thread or block.
 template <typename acc_t>
@@ -139,7 +139,8 @@ int64_t launch_partials(const ChannelLayout& l, Push push, Acc* out, int64_t max
     const int64_t parts = std::min<int64_t>(max_parts, (l.outer + 63) / 64);
     const int64_t rows_per_block = (l.outer + parts - 1) / parts;
     dim3 grid((l.C + kWarp - 1) / kWarp, parts), block(kWarp, kRowsPerBlock);
-    partials_channels_last<Acc><<<grid, block, 0, stream>>>(l.outer, l.C, rows_per_block, push, out);
+    partials_channels_last<Acc>
+        <<<grid, block, 0, stream>>>(l.outer, l.C, rows_per_block, push, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return parts;
   }
@@ -147,16 +148,16 @@ int64_t launch_partials(const ChannelLayout& l, Push push, Acc* out, int64_t max
   const int64_t parts = std::min<int64_t>(max_parts, (total + kSpan - 1) / kSpan);
   const int64_t span = (total + parts - 1) / parts;
   dim3 grid(l.C, parts);
-  partials_channels_first<Acc><<<grid, kThreads, 0, stream>>>(l.outer, l.C, l.inner, span, push, out);
+  partials_channels_first<Acc>
+      <<<grid, kThreads, 0, stream>>>(l.outer, l.C, l.inner, span, push, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return parts;
 }
 
 template <typename acc_t>
-__global__ void finalize_moments(const Welford<acc_t>* parts, int64_t nparts, int64_t C,
-                                 int64_t n, const acc_t* run_mean, const acc_t* run_var,
-                                 bool uses_running, acc_t factor, acc_t* bm, acc_t* bv, acc_t* rs1,
-                                 acc_t* rs2) {
+__global__ void finalize_moments(const Welford<acc_t>* parts, int64_t nparts, int64_t C, int64_t n,
+                                 const acc_t* run_mean, const acc_t* run_var, bool uses_running,
+                                 acc_t factor, acc_t* bm, acc_t* bv, acc_t* rs1, acc_t* rs2) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   double tn = 0, tm = 0, tm2 = 0;
@@ -183,10 +184,9 @@ __global__ void finalize_moments(const Welford<acc_t>* parts, int64_t nparts, in
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void apply_normalize(const scalar_t* x, scalar_t* y, int64_t numel, int64_t C,
-                                int64_t S, bool channels_last, const acc_t* mean,
-                                const acc_t* var, const acc_t* scale, const acc_t* offset,
-                                acc_t eps) {
+__global__ void apply_normalize(const scalar_t* x, scalar_t* y, int64_t numel, int64_t C, int64_t S,
+                                bool channels_last, const acc_t* mean, const acc_t* var,
+                                const acc_t* scale, const acc_t* offset, acc_t eps) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = channels_last ? i % C : (i / S) % C;
@@ -259,9 +259,8 @@ void forward_cuda(bn::Forward& f, const at::Tensor& scale, const at::Tensor& off
                                    : acc_t(static_cast<float>(exponential_avg_factor));
     finalize_moments<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
         parts, nparts, l.C, numel / l.C, mean_c.const_data_ptr<acc_t>(),
-        var_c.const_data_ptr<acc_t>(), f.uses_running_stats, factor,
-        f.batch_mean.data_ptr<acc_t>(), f.batch_variance.data_ptr<acc_t>(),
-        f.rs1.data_ptr<acc_t>(), f.rs2.data_ptr<acc_t>());
+        var_c.const_data_ptr<acc_t>(), f.uses_running_stats, factor, f.batch_mean.data_ptr<acc_t>(),
+        f.batch_variance.data_ptr<acc_t>(), f.rs1.data_ptr<acc_t>(), f.rs2.data_ptr<acc_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   apply_normalize<scalar_t, acc_t><<<elementwise_blocks(numel), kThreads, 0, stream>>>(
@@ -324,7 +323,8 @@ fused_batch_norm_grad_v3_cuda(const at::Tensor& y_backprop, const at::Tensor& x,
                               double epsilon, c10::string_view data_format, bool is_training) {
   (void)reserve_space_3;
   c10::cuda::CUDAGuard guard(x.device());
-  auto b = bn::prepare_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, data_format);
+  auto b = bn::prepare_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                                data_format);
   if (!b.done) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), bn::kBwd, [&] {
       backward_cuda<scalar_t>(b, scale, reserve_space_1, reserve_space_2, epsilon, is_training);

@@ -1,8 +1,17 @@
 """Modules with TensorFlow/Keras defaults, for people porting TF models."""
-from .fused_batch_norm import FusedBatchNorm
+
 from .cudnn_rnn import CudnnGRU, CudnnLSTM, CudnnRNNRelu, CudnnRNNTanh
 from .depthwise_conv2d import DepthwiseConv2d
 from .fractional_pool import FractionalAvgPool2d, FractionalMaxPool2d
+from .fused_batch_norm import FusedBatchNorm
 
-__all__ = ["FusedBatchNorm", "DepthwiseConv2d", "FractionalAvgPool2d", "FractionalMaxPool2d",
-           "CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu"]
+__all__ = [
+    "FusedBatchNorm",
+    "DepthwiseConv2d",
+    "FractionalAvgPool2d",
+    "FractionalMaxPool2d",
+    "CudnnLSTM",
+    "CudnnGRU",
+    "CudnnRNNTanh",
+    "CudnnRNNRelu",
+]

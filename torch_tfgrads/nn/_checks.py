@@ -1,5 +1,6 @@
 """Input checks of the nn modules: a module names its own arguments in its errors (the user
 never passed the op's), before the op sees the input."""
+
 import torch
 
 

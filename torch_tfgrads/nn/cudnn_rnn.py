@@ -2,14 +2,14 @@
 `cudnn_rnn_v3`, running on CPU and CUDA, with one opaque ``params`` Parameter and converters
 to and from TF canonical weights, Keras LSTM/GRU/SimpleRNN weights and torch.nn.LSTM/GRU/RNN.
 """
+
 import math
 
 import torch
 
-from ..ops.cudnn_rnn_config import RnnConfig
 from ..ops import cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3
+from ..ops.cudnn_rnn_config import RnnConfig
 from ._checks import check_input
-
 
 # cuDNN's GRU gates r, z, h are Keras's gates 1, 0, 2 (Keras orders z, r, h; its cuDNN path
 # swaps them when it builds the cuDNN buffer); the swap is its own inverse, so the same list maps back.
@@ -26,6 +26,7 @@ def keras_to_canonical(rnn_mode, kernel, recurrent_kernel, bias):
     def gates(m):  # [in, G*U] in Keras order -> G matrices [U, in] in cuDNN order
         parts = m.split(U, dim=1)
         return [parts[k].t() for k in order]
+
     if bias.dim() == 2:  # GRU reset_after: row 0 the input bias, row 1 the recurrent bias
         b_in, b_rec = bias[0].split(U), bias[1].split(U)
         biases = [b_in[k] for k in order] + [b_rec[k] for k in order]
@@ -41,20 +42,41 @@ class _CudnnRNN(torch.nn.Module):
 
     # TF's positional arguments (num_layers, num_units, input_mode, direction, dropout, seed);
     # TF infers the input size on the first call, here it is a required keyword.
-    def __init__(self, num_layers, num_units, input_mode="linear_input",
-                 direction="unidirectional", dropout=0.0, seed=None, *, input_size,
-                 time_major=True, num_proj=0, device=None, dtype=None):
+    def __init__(
+        self,
+        num_layers,
+        num_units,
+        input_mode="linear_input",
+        direction="unidirectional",
+        dropout=0.0,
+        seed=None,
+        *,
+        input_size,
+        time_major=True,
+        num_proj=0,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         name = type(self).__name__
-        self._cfg = RnnConfig(name, self._rnn_mode, input_mode, direction, int(num_layers),
-                              int(num_units), int(input_size), int(num_proj))
+        self._cfg = RnnConfig(
+            name,
+            self._rnn_mode,
+            input_mode,
+            direction,
+            int(num_layers),
+            int(num_units),
+            int(input_size),
+            int(num_proj),
+        )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"{name}: argument 'dropout' must be in [0, 1), got {dropout}")
         self.num_layers, self.num_units, self.input_size = num_layers, num_units, input_size
         self.input_mode, self.direction, self.dropout = input_mode, direction, float(dropout)
         self.seed, self.time_major, self.num_proj = seed, bool(time_major), int(num_proj)
         self.params = torch.nn.Parameter(
-            torch.empty(self._cfg.params_size(), device=device, dtype=dtype))
+            torch.empty(self._cfg.params_size(), device=device, dtype=dtype)
+        )
         self.reset_parameters()
 
     @property
@@ -83,18 +105,28 @@ class _CudnnRNN(torch.nn.Module):
         """``(weights, biases)`` in TF's canonical order (`CudnnRNNParamsToCanonicalV2`);
         differentiable w.r.t. ``params``."""
         return cudnn_rnn_params_to_canonical_v2(
-            self.num_layers, self.num_units, self.input_size, self.params, *self._counts(),
-            *self._attrs(), num_proj=self.num_proj)
+            self.num_layers,
+            self.num_units,
+            self.input_size,
+            self.params,
+            *self._counts(),
+            *self._attrs(),
+            num_proj=self.num_proj,
+        )
 
     @torch.no_grad()
     def set_canonical_weights(self, weights, biases):
         """Loads TF canonical weights/biases (e.g. from a TF checkpoint's saveable)."""
         like = dict(dtype=self.params.dtype, device=self.params.device)
         flat = cudnn_rnn_canonical_to_params_v2(
-            self.num_layers, self.num_units, self.input_size,
+            self.num_layers,
+            self.num_units,
+            self.input_size,
             [torch.as_tensor(w, **like) for w in weights],
-            [torch.as_tensor(b, **like) for b in biases], *self._attrs(),
-            num_proj=self.num_proj)
+            [torch.as_tensor(b, **like) for b in biases],
+            *self._attrs(),
+            num_proj=self.num_proj,
+        )
         self.params.copy_(flat)
 
     # ---- the forward --------------------------------------------------------------------------
@@ -109,18 +141,32 @@ class _CudnnRNN(torch.nn.Module):
         cfg = self._cfg
         name = type(self).__name__
         layout = "[T, B, I]" if self.time_major else "[B, T, I]"
-        check_input(inputs.dim() == 3, lambda: (
-            f"{name}: the input must be 3-D {layout} (time_major={self.time_major}), got shape "
-            f"{list(inputs.shape)}"))
-        check_input(inputs.shape[2] == self.input_size, lambda: (
-            f"{name}: argument 'input_size' is {self.input_size}, but the input of shape "
-            f"{list(inputs.shape)} has {inputs.shape[2]} features on its last axis"))
+        check_input(
+            inputs.dim() == 3,
+            lambda: (
+                f"{name}: the input must be 3-D {layout} (time_major={self.time_major}), got shape "
+                f"{list(inputs.shape)}"
+            ),
+        )
+        check_input(
+            inputs.shape[2] == self.input_size,
+            lambda: (
+                f"{name}: argument 'input_size' is {self.input_size}, but the input of shape "
+                f"{list(inputs.shape)} has {inputs.shape[2]} features on its last axis"
+            ),
+        )
         if inputs.dtype != self.params.dtype:
-            raise TypeError(f"{name}: the input's dtype {inputs.dtype} is not the module's "
-                            f"parameter dtype {self.params.dtype}")
-        check_input(inputs.device == self.params.device, lambda: (
-            f"{name}: the input is on {inputs.device} but the module's parameters are on "
-            f"{self.params.device}"))
+            raise TypeError(
+                f"{name}: the input's dtype {inputs.dtype} is not the module's "
+                f"parameter dtype {self.params.dtype}"
+            )
+        check_input(
+            inputs.device == self.params.device,
+            lambda: (
+                f"{name}: the input is on {inputs.device} but the module's parameters are on "
+                f"{self.params.device}"
+            ),
+        )
         LD = cfg.L * cfg.D
         B = inputs.shape[1] if self.time_major else inputs.shape[0]
         state_shape = (lambda w: [LD, B, w]) if self.time_major else (lambda w: [B, LD, w])
@@ -130,32 +176,52 @@ class _CudnnRNN(torch.nn.Module):
         else:
             names = ("h", "c") if cfg.lstm else ("h",)
             if len(initial_state) < len(names):
-                raise ValueError(f"{name}: argument 'initial_state' must hold "
-                                 f"({', '.join(names)}), got {len(initial_state)} tensor(s)")
+                raise ValueError(
+                    f"{name}: argument 'initial_state' must hold "
+                    f"({', '.join(names)}), got {len(initial_state)} tensor(s)"
+                )
             h, c = initial_state[0], (initial_state[1] if cfg.lstm else None)
-            for what, t, width in (("h", h, cfg.Hh), ("c", c, cfg.U))[:len(names)]:
-                check_input(list(t.shape) == state_shape(width), lambda: (
-                    f"{name}: argument 'initial_state': {what} must have shape "
-                    f"{state_shape(width)} for this input, got {list(t.shape)}"))
+            for what, t, width in (("h", h, cfg.Hh), ("c", c, cfg.U))[: len(names)]:
+                check_input(
+                    list(t.shape) == state_shape(width),
+                    lambda: (
+                        f"{name}: argument 'initial_state': {what} must have shape "
+                        f"{state_shape(width)} for this input, got {list(t.shape)}"
+                    ),
+                )
                 if t.dtype != inputs.dtype:
-                    raise TypeError(f"{name}: argument 'initial_state': {what} has dtype "
-                                    f"{t.dtype}, not the input's {inputs.dtype}")
+                    raise TypeError(
+                        f"{name}: argument 'initial_state': {what} has dtype "
+                        f"{t.dtype}, not the input's {inputs.dtype}"
+                    )
         needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (inputs, h, c, self.params))
+            t is not None and t.requires_grad for t in (inputs, h, c, self.params)
+        )
         seed = 0 if self.seed is None else int(self.seed)
         out, out_h, out_c, _, _ = cudnn_rnn_v3(
-            inputs, h, c, self.params, sequence_lengths, *self._attrs(),
-            dropout=self.dropout if self.training else 0.0, seed=seed, seed2=0,
-            num_proj=self.num_proj, is_training=self.training or needs_grad,
-            time_major=self.time_major)
+            inputs,
+            h,
+            c,
+            self.params,
+            sequence_lengths,
+            *self._attrs(),
+            dropout=self.dropout if self.training else 0.0,
+            seed=seed,
+            seed2=0,
+            num_proj=self.num_proj,
+            is_training=self.training or needs_grad,
+            time_major=self.time_major,
+        )
         return out, ((out_h, out_c) if cfg.lstm else (out_h,))
 
     def extra_repr(self):
-        return (f"num_layers={self.num_layers}, num_units={self.num_units}, "
-                f"input_size={self.input_size}, direction={self.direction}, "
-                f"input_mode={self.input_mode}, dropout={self.dropout}, "
-                f"time_major={self.time_major}"
-                + (f", num_proj={self.num_proj}" if self.num_proj else ""))
+        return (
+            f"num_layers={self.num_layers}, num_units={self.num_units}, "
+            f"input_size={self.input_size}, direction={self.direction}, "
+            f"input_mode={self.input_mode}, dropout={self.dropout}, "
+            f"time_major={self.time_major}"
+            + (f", num_proj={self.num_proj}" if self.num_proj else "")
+        )
 
     # ---- torch.nn.LSTM / GRU / RNN --------------------------------------------------------------
     # The opaque layout per pseudo-layer is exactly torch's weight_ih, weight_hh, bias_ih,
@@ -176,24 +242,34 @@ class _CudnnRNN(torch.nn.Module):
         ``time_major=False``, ``proj_size`` to ``num_proj``; no bias means zero biases)."""
         torch_cls, nonlinearity = cls._torch_class
         if not isinstance(module, torch_cls) or (
-                nonlinearity and module.nonlinearity != nonlinearity):
-            raise TypeError(f"{cls.__name__}.from_torch expects a torch.nn.{torch_cls.__name__}"
-                            + (f" with nonlinearity='{nonlinearity}'" if nonlinearity else "")
-                            + f", got {module}")
+            nonlinearity and module.nonlinearity != nonlinearity
+        ):
+            raise TypeError(
+                f"{cls.__name__}.from_torch expects a torch.nn.{torch_cls.__name__}"
+                + (f" with nonlinearity='{nonlinearity}'" if nonlinearity else "")
+                + f", got {module}"
+            )
         p0 = next(module.parameters())
-        layer = cls(module.num_layers, module.hidden_size, input_size=module.input_size,
-                    direction="bidirectional" if module.bidirectional else "unidirectional",
-                    dropout=module.dropout, time_major=not module.batch_first,
-                    device=p0.device, dtype=p0.dtype,
-                    **({"num_proj": module.proj_size} if cls._rnn_mode == "lstm" else {}))
+        layer = cls(
+            module.num_layers,
+            module.hidden_size,
+            input_size=module.input_size,
+            direction="bidirectional" if module.bidirectional else "unidirectional",
+            dropout=module.dropout,
+            time_major=not module.batch_first,
+            device=p0.device,
+            dtype=p0.dtype,
+            **({"num_proj": module.proj_size} if cls._rnn_mode == "lstm" else {}),
+        )
         state = module.state_dict()
         pieces = []
         for name in layer._torch_names():
             if name in state:
                 pieces.append(state[name].reshape(-1))
             else:  # bias=False
-                pieces.append(torch.zeros(layer._cfg.G * layer.num_units, dtype=p0.dtype,
-                                          device=p0.device))
+                pieces.append(
+                    torch.zeros(layer._cfg.G * layer.num_units, dtype=p0.dtype, device=p0.device)
+                )
         with torch.no_grad():
             layer.params.copy_(torch.cat(pieces))
         return layer
@@ -203,10 +279,16 @@ class _CudnnRNN(torch.nn.Module):
         if self._cfg.skip_input:
             raise ValueError(f"{type(self).__name__}.to_torch: torch has no skip_input mode")
         torch_cls, nonlinearity = self._torch_class
-        kwargs = dict(input_size=self.input_size, hidden_size=self.num_units,
-                      num_layers=self.num_layers, bidirectional=self.num_dirs == 2,
-                      batch_first=not self.time_major, dropout=self.dropout,
-                      dtype=self.params.dtype, device=self.params.device)
+        kwargs = dict(
+            input_size=self.input_size,
+            hidden_size=self.num_units,
+            num_layers=self.num_layers,
+            bidirectional=self.num_dirs == 2,
+            batch_first=not self.time_major,
+            dropout=self.dropout,
+            dtype=self.params.dtype,
+            device=self.params.device,
+        )
         if nonlinearity:
             kwargs["nonlinearity"] = nonlinearity
         if self.num_proj:
@@ -216,7 +298,7 @@ class _CudnnRNN(torch.nn.Module):
         for name in self._torch_names():
             shape = getattr(module, name).shape
             n = math.prod(shape)
-            state[name] = self.params.detach()[off:off + n].view(shape)
+            state[name] = self.params.detach()[off : off + n].view(shape)
             off += n
         module.load_state_dict(state)
         return module
@@ -224,8 +306,10 @@ class _CudnnRNN(torch.nn.Module):
     # ---- Keras -----------------------------------------------------------------------------------
     def _check_keras(self, what):
         if self.num_layers != 1 or self.num_dirs != 1 or self.num_proj or self._cfg.skip_input:
-            raise ValueError(f"{type(self).__name__}.{what}: Keras layers hold one "
-                             "unidirectional linear_input layer without projection")
+            raise ValueError(
+                f"{type(self).__name__}.{what}: Keras layers hold one "
+                "unidirectional linear_input layer without projection"
+            )
 
     def set_keras_weights(self, kernel, recurrent_kernel, bias):
         """Loads a Keras layer's ``get_weights()``: LSTM ``kernel [I, 4U]``, ``recurrent_kernel
@@ -234,9 +318,12 @@ class _CudnnRNN(torch.nn.Module):
         SimpleRNN (CudnnRNNTanh/Relu) with ``bias [U]``."""
         self._check_keras("set_keras_weights")
         like = dict(dtype=self.params.dtype, device=self.params.device)
-        self.set_canonical_weights(*keras_to_canonical(
-            self._rnn_mode, *(torch.as_tensor(t, **like) for t in (kernel, recurrent_kernel,
-                                                                    bias))))
+        self.set_canonical_weights(
+            *keras_to_canonical(
+                self._rnn_mode,
+                *(torch.as_tensor(t, **like) for t in (kernel, recurrent_kernel, bias)),
+            )
+        )
 
     def keras_weights(self):
         """``[kernel, recurrent_kernel, bias]`` for the matching Keras layer (LSTM and
@@ -256,6 +343,7 @@ class _CudnnRNN(torch.nn.Module):
 
 class CudnnLSTM(_CudnnRNN):
     """``tf.compat.v1.keras``/contrib ``CudnnLSTM``: gates i, f, c, o; optional ``num_proj``."""
+
     _rnn_mode = "lstm"
     _torch_class = (torch.nn.LSTM, None)
 
@@ -263,17 +351,20 @@ class CudnnLSTM(_CudnnRNN):
 class CudnnGRU(_CudnnRNN):
     """``CudnnGRU``: cuDNN's GRU (reset gate after the recurrent matmul; Keras
     ``reset_after=True``)."""
+
     _rnn_mode = "gru"
     _torch_class = (torch.nn.GRU, None)
 
 
 class CudnnRNNTanh(_CudnnRNN):
     """``CudnnRNNTanh``: h' = tanh(W x + bW + R h + bR) (Keras SimpleRNN, torch.nn.RNN)."""
+
     _rnn_mode = "rnn_tanh"
     _torch_class = (torch.nn.RNN, "tanh")
 
 
 class CudnnRNNRelu(_CudnnRNN):
     """``CudnnRNNRelu``: h' = relu(W x + bW + R h + bR)."""
+
     _rnn_mode = "rnn_relu"
     _torch_class = (torch.nn.RNN, "relu")

@@ -1,4 +1,5 @@
 """Fractional average/max pooling modules with TF's arguments (NHWC), over our ops."""
+
 import torch
 
 from ..ops import fractional_avg_pool, fractional_max_pool
@@ -7,10 +8,14 @@ from ._checks import check_input
 
 def _ratio4(module, pooling_ratio):
     """A float, an (r_h, r_w) pair or TF's full [1, r_h, r_w, 1]."""
+
     def bad():
-        return ValueError(f"{module}: argument 'pooling_ratio' must be a number >= 1, a pair "
-                          f"(r_h, r_w) or [1, r_h, r_w, 1] with r_h, r_w >= 1, got "
-                          f"{pooling_ratio!r}")
+        return ValueError(
+            f"{module}: argument 'pooling_ratio' must be a number >= 1, a pair "
+            f"(r_h, r_w) or [1, r_h, r_w, 1] with r_h, r_w >= 1, got "
+            f"{pooling_ratio!r}"
+        )
+
     if isinstance(pooling_ratio, (int, float)):
         r = [1.0, float(pooling_ratio), float(pooling_ratio), 1.0]
     else:
@@ -28,14 +33,23 @@ def _ratio4(module, pooling_ratio):
 class _FractionalPool2d(torch.nn.Module):
     _op = None
 
-    def __init__(self, pooling_ratio, pseudo_random=False, overlapping=False,
-                 deterministic=False, seed=0, seed2=0):
+    def __init__(
+        self,
+        pooling_ratio,
+        pseudo_random=False,
+        overlapping=False,
+        deterministic=False,
+        seed=0,
+        seed2=0,
+    ):
         super().__init__()
         name = type(self).__name__
         self.pooling_ratio = _ratio4(name, pooling_ratio)
         if not deterministic and (seed != 0 or seed2 != 0):
-            raise ValueError(f"{name}: argument 'seed': Both seed and seed2 should be 0 if "
-                             f"deterministic is false, got seed={seed!r}, seed2={seed2!r}")
+            raise ValueError(
+                f"{name}: argument 'seed': Both seed and seed2 should be 0 if "
+                f"deterministic is false, got seed={seed!r}, seed2={seed2!r}"
+            )
         self.pseudo_random, self.overlapping = pseudo_random, overlapping
         self.deterministic = deterministic
         if deterministic and seed == 0 and seed2 == 0:
@@ -48,16 +62,28 @@ class _FractionalPool2d(torch.nn.Module):
         self.register_buffer("col_pooling_sequence", None, persistent=False)
 
     def extra_repr(self):
-        return (f"pooling_ratio={self.pooling_ratio}, pseudo_random={self.pseudo_random}, "
-                f"overlapping={self.overlapping}, deterministic={self.deterministic}")
+        return (
+            f"pooling_ratio={self.pooling_ratio}, pseudo_random={self.pseudo_random}, "
+            f"overlapping={self.overlapping}, deterministic={self.deterministic}"
+        )
 
     def forward(self, x):
-        check_input(x.dim() == 4, lambda: (
-            f"{type(self).__name__}: argument 'x' must be a 4-D NHWC tensor, got shape "
-            f"{list(x.shape)} (for NCHW use x.permute(0, 2, 3, 1))"))
+        check_input(
+            x.dim() == 4,
+            lambda: (
+                f"{type(self).__name__}: argument 'x' must be a 4-D NHWC tensor, got shape "
+                f"{list(x.shape)} (for NCHW use x.permute(0, 2, 3, 1))"
+            ),
+        )
         out, rows, cols = type(self)._op(
-            x, self.pooling_ratio, self.pseudo_random, self.overlapping, self.deterministic,
-            self.seed, self.seed2)
+            x,
+            self.pooling_ratio,
+            self.pseudo_random,
+            self.overlapping,
+            self.deterministic,
+            self.seed,
+            self.seed2,
+        )
         self.row_pooling_sequence, self.col_pooling_sequence = rows, cols
         return out
 
@@ -72,9 +98,11 @@ class FractionalAvgPool2d(_FractionalPool2d):
     ``col_pooling_sequence``. For an NCHW tensor ``x`` use ``x.permute(0, 2, 3, 1)`` (no copy
     when ``x`` is channels_last).
     """
+
     _op = staticmethod(fractional_avg_pool)
 
 
 class FractionalMaxPool2d(_FractionalPool2d):
     """``tf.nn.fractional_max_pool`` as a module (see FractionalAvgPool2d for the arguments)."""
+
     _op = staticmethod(fractional_max_pool)

@@ -1,4 +1,5 @@
 """Keras' BatchNormalization(fused=True) as a module over fused_batch_norm_v3."""
+
 import torch
 
 from ..ops import fused_batch_norm_v3
@@ -23,18 +24,32 @@ class FusedBatchNorm(torch.nn.Module):
     moving_mean, ``running_var`` = moving_variance.
     """
 
-    def __init__(self, num_features, momentum=0.99, epsilon=1e-3, center=True, scale=True,
-                 data_format="NHWC", device=None, dtype=None):
+    def __init__(
+        self,
+        num_features,
+        momentum=0.99,
+        epsilon=1e-3,
+        center=True,
+        scale=True,
+        data_format="NHWC",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if data_format not in _FORMATS:
-            raise ValueError(f"FusedBatchNorm: argument 'data_format' must be one of "
-                             f"{sorted(_FORMATS)}, got {data_format!r}")
+            raise ValueError(
+                f"FusedBatchNorm: argument 'data_format' must be one of "
+                f"{sorted(_FORMATS)}, got {data_format!r}"
+            )
         if not (isinstance(num_features, int) and num_features >= 0):
-            raise ValueError(f"FusedBatchNorm: argument 'num_features' must be a non-negative "
-                             f"int, got {num_features!r}")
+            raise ValueError(
+                f"FusedBatchNorm: argument 'num_features' must be a non-negative "
+                f"int, got {num_features!r}"
+            )
         if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"FusedBatchNorm: argument 'momentum' must be in [0, 1], got "
-                             f"{momentum!r}")
+            raise ValueError(
+                f"FusedBatchNorm: argument 'momentum' must be in [0, 1], got {momentum!r}"
+            )
         self.num_features, self.momentum, self.epsilon = num_features, momentum, epsilon
         self.data_format, self.center, self.scale = data_format, center, scale
         dtype = dtype or torch.float32
@@ -45,19 +60,29 @@ class FusedBatchNorm(torch.nn.Module):
         self.register_buffer("running_var", torch.ones(num_features, **kw))
 
     def extra_repr(self):
-        return (f"{self.num_features}, momentum={self.momentum}, epsilon={self.epsilon}, "
-                f"data_format={self.data_format!r}, center={self.center}, scale={self.scale}")
+        return (
+            f"{self.num_features}, momentum={self.momentum}, epsilon={self.epsilon}, "
+            f"data_format={self.data_format!r}, center={self.center}, scale={self.scale}"
+        )
 
     def _check_input(self, x):
         rank = _FORMATS[self.data_format]
-        check_input(x.dim() == rank, lambda: (
-            f"FusedBatchNorm: argument 'data_format' is {self.data_format!r}, which takes "
-            f"{rank}-D input, but the input has shape {list(x.shape)}"))
+        check_input(
+            x.dim() == rank,
+            lambda: (
+                f"FusedBatchNorm: argument 'data_format' is {self.data_format!r}, which takes "
+                f"{rank}-D input, but the input has shape {list(x.shape)}"
+            ),
+        )
         cdim = 1 if self.data_format in ("NCHW", "NCDHW") else rank - 1
-        check_input(x.shape[cdim] == self.num_features, lambda: (
-            f"FusedBatchNorm: argument 'num_features' is {self.num_features}, but the input of "
-            f"shape {list(x.shape)} has {x.shape[cdim]} channels on axis {cdim} (the channel "
-            f"axis of data_format {self.data_format!r})"))
+        check_input(
+            x.shape[cdim] == self.num_features,
+            lambda: (
+                f"FusedBatchNorm: argument 'num_features' is {self.num_features}, but the input of "
+                f"shape {list(x.shape)} has {x.shape[cdim]} channels on axis {cdim} (the channel "
+                f"axis of data_format {self.data_format!r})"
+            ),
+        )
 
     def forward(self, x):
         self._check_input(x)
@@ -72,13 +97,28 @@ class FusedBatchNorm(torch.nn.Module):
         mean, var = self.running_mean.to(pdt), self.running_var.to(pdt)
         if self.training:
             y, new_mean, new_var, *_ = fused_batch_norm_v3(
-                x, gamma, beta, mean, var, epsilon=self.epsilon,
-                exponential_avg_factor=1.0 - self.momentum, data_format=self.data_format,
-                is_training=True)
+                x,
+                gamma,
+                beta,
+                mean,
+                var,
+                epsilon=self.epsilon,
+                exponential_avg_factor=1.0 - self.momentum,
+                data_format=self.data_format,
+                is_training=True,
+            )
             with torch.no_grad():
                 self.running_mean.copy_(new_mean)
                 self.running_var.copy_(new_var)
             return y
-        y, *_ = fused_batch_norm_v3(x, gamma, beta, mean, var, epsilon=self.epsilon,
-                                    data_format=self.data_format, is_training=False)
+        y, *_ = fused_batch_norm_v3(
+            x,
+            gamma,
+            beta,
+            mean,
+            var,
+            epsilon=self.epsilon,
+            data_format=self.data_format,
+            is_training=False,
+        )
         return y

@@ -4,6 +4,7 @@ Importing this package registers every fake kernel and autograd formula on the o
 compiled extension (`torch_tfgrads._C`) defines; `csrc/tfgrads.cpp` names this package with
 `set_python_module`, so `torch.ops.tfgrads.*` works under FakeTensor once it is imported.
 """
+
 from .cudnn_rnn import (
     cudnn_rnn_backprop_v3,
     cudnn_rnn_canonical_to_params_v2,

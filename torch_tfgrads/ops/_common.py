@@ -1,4 +1,5 @@
 """Helpers shared by the families' public functions and fake kernels."""
+
 import struct
 
 import torch
@@ -16,11 +17,23 @@ def tf_shape(shape):
 
 # c10::toString(ScalarType), which the C++ checks print for a dtype ("Float", not "torch.float32").
 _SCALAR_TYPE_NAMES = {
-    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
-    torch.int64: "Long", torch.float16: "Half", torch.float32: "Float", torch.float64: "Double",
-    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.bool: "Bool",
-    torch.bfloat16: "BFloat16", torch.complex32: "ComplexHalf", torch.uint16: "UInt16",
-    torch.uint32: "UInt32", torch.uint64: "UInt64", torch.float8_e4m3fn: "Float8_e4m3fn",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float16: "Half",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+    torch.bool: "Bool",
+    torch.bfloat16: "BFloat16",
+    torch.complex32: "ComplexHalf",
+    torch.uint16: "UInt16",
+    torch.uint32: "UInt32",
+    torch.uint64: "UInt64",
+    torch.float8_e4m3fn: "Float8_e4m3fn",
     torch.float8_e5m2: "Float8_e5m2",
 }
 

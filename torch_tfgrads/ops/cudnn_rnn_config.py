@@ -3,6 +3,7 @@
 Mirrors csrc/common/cudnn_rnn.{h,cpp} (the C++ is the implementation; this copy serves the fake
 kernels, `cudnn_rnn_params_size` and the modules, and tests check that the two agree).
 """
+
 import torch
 
 from ._common import check_value
@@ -28,45 +29,80 @@ class RnnConfig:
     ``from_shapes=True`` (the forward and backprop ops) means they were read from the tensors'
     shapes, and a bad one is a RuntimeError naming the tensor."""
 
-    def __init__(self, op, rnn_mode, input_mode, direction, num_layers, num_units, input_size,
-                 num_proj, from_shapes=False):
-        check_value(rnn_mode in GATES, lambda: (
-            f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
-            f"'{rnn_mode}'"))
-        check_value(direction in _DIRECTIONS, lambda: (
-            f"{op}: argument 'direction' must be unidirectional or bidirectional, got "
-            f"'{direction}'"))
+    def __init__(
+        self,
+        op,
+        rnn_mode,
+        input_mode,
+        direction,
+        num_layers,
+        num_units,
+        input_size,
+        num_proj,
+        from_shapes=False,
+    ):
+        check_value(
+            rnn_mode in GATES,
+            lambda: (
+                f"{op}: argument 'rnn_mode' must be one of rnn_relu, rnn_tanh, lstm, gru, got "
+                f"'{rnn_mode}'"
+            ),
+        )
+        check_value(
+            direction in _DIRECTIONS,
+            lambda: (
+                f"{op}: argument 'direction' must be unidirectional or bidirectional, got "
+                f"'{direction}'"
+            ),
+        )
         self.mode, self.G, self.D = rnn_mode, GATES[rnn_mode], _DIRECTIONS[direction]
         self.L, self.U, self.I, self.P = num_layers, num_units, input_size, num_proj
         if from_shapes:
             units_arg = "input_c" if self.lstm else "input_h"
-            check_shape(self.L >= 1, lambda: (
-                f"{op}: argument 'input_h': num_layers must be >= 1, got {self.L}"))
-            check_shape(self.U >= 1, lambda: (
-                f"{op}: argument '{units_arg}': num_units must be >= 1, got {self.U}"))
-            check_shape(self.I >= 1, lambda: (
-                f"{op}: argument 'input': input_size must be >= 1, got {self.I}"))
+            check_shape(
+                self.L >= 1,
+                lambda: f"{op}: argument 'input_h': num_layers must be >= 1, got {self.L}",
+            )
+            check_shape(
+                self.U >= 1,
+                lambda: f"{op}: argument '{units_arg}': num_units must be >= 1, got {self.U}",
+            )
+            check_shape(
+                self.I >= 1,
+                lambda: f"{op}: argument 'input': input_size must be >= 1, got {self.I}",
+            )
         else:
-            for name, v in (("num_layers", self.L), ("num_units", self.U),
-                            ("input_size", self.I)):
+            for name, v in (("num_layers", self.L), ("num_units", self.U), ("input_size", self.I)):
                 check_value(v >= 1, lambda: f"{op}: argument '{name}' must be >= 1, got {v}")
-        check_value(self.P >= 0, lambda: (
-            f"{op}: argument 'num_proj' must be >= 0, got {self.P}"))
-        check_value(self.P == 0 or rnn_mode == "lstm", lambda: (
-            f"{op}: argument 'num_proj' ({self.P}) is only supported with rnn_mode lstm"))
-        check_value(self.P <= self.U, lambda: (
-            f"{op}: argument 'num_proj' ({self.P}) must not exceed num_units ({self.U})"))
+        check_value(self.P >= 0, lambda: f"{op}: argument 'num_proj' must be >= 0, got {self.P}")
+        check_value(
+            self.P == 0 or rnn_mode == "lstm",
+            lambda: f"{op}: argument 'num_proj' ({self.P}) is only supported with rnn_mode lstm",
+        )
+        check_value(
+            self.P <= self.U,
+            lambda: f"{op}: argument 'num_proj' ({self.P}) must not exceed num_units ({self.U})",
+        )
         self.Hh = self.P if self.P else self.U
-        check_value(input_mode in _INPUT_MODES, lambda: (
-            f"{op}: argument 'input_mode' must be linear_input, skip_input or auto_select, got "
-            f"'{input_mode}'"))
+        check_value(
+            input_mode in _INPUT_MODES,
+            lambda: (
+                f"{op}: argument 'input_mode' must be linear_input, skip_input or auto_select, got "
+                f"'{input_mode}'"
+            ),
+        )
         if input_mode == "skip_input":
-            (check_shape if from_shapes else check_value)(self.I == self.U, lambda: (
-                f"{op}: argument '{'input' if from_shapes else 'input_mode'}': input_mode "
-                f"skip_input adds the input to every gate, so input_size ({self.I}) must equal "
-                f"num_units ({self.U})"))
+            (check_shape if from_shapes else check_value)(
+                self.I == self.U,
+                lambda: (
+                    f"{op}: argument '{'input' if from_shapes else 'input_mode'}': input_mode "
+                    f"skip_input adds the input to every gate, so input_size ({self.I}) must equal "
+                    f"num_units ({self.U})"
+                ),
+            )
         self.skip_input = input_mode == "skip_input" or (
-            input_mode == "auto_select" and self.I == self.U)
+            input_mode == "auto_select" and self.I == self.U
+        )
 
     @property
     def lstm(self):
@@ -85,8 +121,7 @@ class RnnConfig:
         n = 0
         for layer in range(self.L):
             w_in = self.G * self.U * self.in_width(layer) if self.has_input_weights(layer) else 0
-            n += self.D * (w_in + self.G * self.U * self.Hh + 2 * self.G * self.U
-                           + self.P * self.U)
+            n += self.D * (w_in + self.G * self.U * self.Hh + 2 * self.G * self.U + self.P * self.U)
         return n
 
     def canonical_shapes(self):

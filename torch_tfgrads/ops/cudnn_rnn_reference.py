@@ -5,6 +5,7 @@ composite twice (TF has no such gradient; cuDNN cannot provide one). Same math, 
 handling and dropout masks (read from the forward's reserve space) as the C++ driver
 (csrc/common/cudnn_rnn_driver.cpp), but step by step in Python: slow, only for double backward.
 """
+
 import torch
 
 
@@ -17,9 +18,10 @@ def _layer_views(cfg, flat):
         n = 1
         for s in shape:
             n *= s
-        t = flat[off:off + n].view(shape)
+        t = flat[off : off + n].view(shape)
         off += n
         return t
+
     GU = cfg.G * cfg.U
     for layer in range(cfg.L):
         for _ in range(cfg.D):
@@ -38,7 +40,7 @@ def dropout_masks(cfg, reserve, T, B, compute_dtype):
     masks, off = [], 0
     for _ in range(cfg.L - 1):
         off += cfg.D * per_pseudo + width  # the layer's saved states and its output
-        masks.append(flat[off:off + width].view(T, B, cfg.D * cfg.Hh))
+        masks.append(flat[off : off + width].view(T, B, cfg.D * cfg.Hh))
         off += width
     return masks
 
@@ -47,15 +49,15 @@ def _cell(cfg, gx, gh, h, c, Wp):
     U = cfg.U
     if cfg.mode == "lstm":
         pre = gx + gh
-        i, f = torch.sigmoid(pre[:, :U]), torch.sigmoid(pre[:, U:2 * U])
-        g, o = torch.tanh(pre[:, 2 * U:3 * U]), torch.sigmoid(pre[:, 3 * U:])
+        i, f = torch.sigmoid(pre[:, :U]), torch.sigmoid(pre[:, U : 2 * U])
+        g, o = torch.tanh(pre[:, 2 * U : 3 * U]), torch.sigmoid(pre[:, 3 * U :])
         c = f * c + i * g
         h = o * torch.tanh(c)
         return (h @ Wp.t() if Wp is not None else h), c
     if cfg.mode == "gru":
         r = torch.sigmoid(gx[:, :U] + gh[:, :U])
-        z = torch.sigmoid(gx[:, U:2 * U] + gh[:, U:2 * U])
-        n = torch.tanh(gx[:, 2 * U:] + r * gh[:, 2 * U:])
+        z = torch.sigmoid(gx[:, U : 2 * U] + gh[:, U : 2 * U])
+        n = torch.tanh(gx[:, 2 * U :] + r * gh[:, 2 * U :])
         return n + z * (h - n), c
     pre = gx + gh
     return (torch.tanh(pre) if cfg.mode == "rnn_tanh" else torch.relu(pre)), c

@@ -5,6 +5,7 @@ csrc/common/fractional_pool.h with the same messages) and the autograd formulas 
 `_FractionalAvgPoolGrad` / `_FractionalMaxPoolGrad`, with adjoint ops for every higher order).
 The contract is in docs/ops/fractional_pool.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,10 @@ def _shape_list(shape, op):
     """`orig_input_tensor_shape` as TF takes it: a tensor, list or torch.Size of 4 ints."""
     if isinstance(shape, torch.Tensor):
         if shape.dim() != 1 or shape.numel() != 4:
-            raise ValueError(f"{op}: argument 'orig_input_tensor_shape': original input "
-                               "tensor shape must be1-dimensional and 4 elements")
+            raise ValueError(
+                f"{op}: argument 'orig_input_tensor_shape': original input "
+                "tensor shape must be1-dimensional and 4 elements"
+            )
         return [int(s) for s in shape.tolist()]
     return list(shape)
 
@@ -67,7 +70,8 @@ def fractional_avg_pool(
     seed2: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.ops.tfgrads.fractional_avg_pool.default(
-        value, _ratio_list(pooling_ratio), pseudo_random, overlapping, deterministic, seed, seed2)
+        value, _ratio_list(pooling_ratio), pseudo_random, overlapping, deterministic, seed, seed2
+    )
 
 
 def fractional_max_pool(
@@ -80,16 +84,23 @@ def fractional_max_pool(
     seed2: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.ops.tfgrads.fractional_max_pool.default(
-        value, _ratio_list(pooling_ratio), pseudo_random, overlapping, deterministic, seed, seed2)
+        value, _ratio_list(pooling_ratio), pseudo_random, overlapping, deterministic, seed, seed2
+    )
 
 
-fractional_avg_pool.__doc__ = _POOL_DOC.replace("{Kind}", "Avg") + """
+fractional_avg_pool.__doc__ = (
+    _POOL_DOC.replace("{Kind}", "Avg")
+    + """
     Each output is the mean of its cell, summed in TF's order in value's dtype (float32 for
     half types) and divided once by the cell size; integers divide with C++ truncation.
     """
-fractional_max_pool.__doc__ = _POOL_DOC.replace("{Kind}", "Max") + """
+)
+fractional_max_pool.__doc__ = (
+    _POOL_DOC.replace("{Kind}", "Max")
+    + """
     Each output is the maximum of its cell (NaN inputs are skipped, as on TF's CPU).
     """
+)
 
 
 def fractional_avg_pool_grad(
@@ -110,9 +121,12 @@ def fractional_avg_pool_grad(
     """
     op = "fractional_avg_pool_grad"
     return torch.ops.tfgrads.fractional_avg_pool_grad.default(
-        _shape_list(orig_input_tensor_shape, op), out_backprop,
+        _shape_list(orig_input_tensor_shape, op),
+        out_backprop,
         _sequence(row_pooling_sequence, out_backprop),
-        _sequence(col_pooling_sequence, out_backprop), overlapping)
+        _sequence(col_pooling_sequence, out_backprop),
+        overlapping,
+    )
 
 
 def fractional_max_pool_grad(
@@ -130,8 +144,13 @@ def fractional_max_pool_grad(
     order). Differentiable w.r.t. ``out_backprop``.
     """
     return torch.ops.tfgrads.fractional_max_pool_grad.default(
-        orig_input, orig_output, out_backprop, _sequence(row_pooling_sequence, orig_input),
-        _sequence(col_pooling_sequence, orig_input), overlapping)
+        orig_input,
+        orig_output,
+        out_backprop,
+        _sequence(row_pooling_sequence, orig_input),
+        _sequence(col_pooling_sequence, orig_input),
+        overlapping,
+    )
 
 
 def fractional_pooling_sequence(
@@ -148,31 +167,41 @@ def fractional_pooling_sequence(
     rows. Seeds ``(0, 0)`` draw from torch's default generator. Returns a CPU int64 tensor.
     """
     return torch.ops.tfgrads.fractional_pooling_sequence.default(
-        int(input_length), int(output_length), bool(pseudo_random), int(seed), int(seed2))
-
-
+        int(input_length), int(output_length), bool(pseudo_random), int(seed), int(seed2)
+    )
 
 
 # ---- fake kernels -----------------------------------------------------------------------------
 # Shapes only: the sequence values are checked by the kernels (they are data). Output rows and
 # columns are floor(float32(dim) / float32(ratio)) as in TF, which has no exact symbolic form,
 # so a symbolic H or W is specialised (a guard; the batch and channels stay dynamic).
-_FP_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
-              torch.bfloat16)
+_FP_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16)
 # TF's dtype names, as csrc/common/fractional_pool.cpp's debug_string prints them.
-_TF_DTYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "half",
-                   torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64"}
+_TF_DTYPE_NAMES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "half",
+    torch.bfloat16: "bfloat16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
 
 
 def _fp_dtype(t, op, name):
-    torch._check_type(t.dtype in _FP_DTYPES, lambda: (
-        f"{op}: argument '{name}' must be float32, float64, int32, int64, float16 or bfloat16, "
-        f"got {scalar_type_name(t.dtype)}"))
+    torch._check_type(
+        t.dtype in _FP_DTYPES,
+        lambda: (
+            f"{op}: argument '{name}' must be float32, float64, int32, int64, float16 or bfloat16, "
+            f"got {scalar_type_name(t.dtype)}"
+        ),
+    )
 
 
 def _seq_dtype(t, op, name):
-    torch._check_type(t.dtype == torch.int64, lambda: (
-        f"{op}: argument '{name}' must be an int64 tensor, got {scalar_type_name(t.dtype)}"))
+    torch._check_type(
+        t.dtype == torch.int64,
+        lambda: f"{op}: argument '{name}' must be an int64 tensor, got {scalar_type_name(t.dtype)}",
+    )
 
 
 def _debug_string(t):
@@ -182,13 +211,17 @@ def _debug_string(t):
 
 def _same_device(ref, t, op, ref_name, name):
     """csrc/common/checks.h's check_same_device."""
-    torch._check(t.device == ref.device, lambda: (
-        f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-        f"tensors must be on one device"))
+    torch._check(
+        t.device == ref.device,
+        lambda: (
+            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+            f"tensors must be on one device"
+        ),
+    )
 
 
 def _fmt_g(v):
-    return "%g" % v
+    return f"{v:g}"
 
 
 def fractional_output_size(dim, ratio):
@@ -198,181 +231,323 @@ def fractional_output_size(dim, ratio):
 
 def _fractional_pool_fake(op, is_max, value, pooling_ratio, deterministic, seed, seed2):
     n = len(pooling_ratio)
-    torch._check_value(n >= 4, lambda: (
-        f"{op}: argument 'pooling_ratio': Length for attr 'pooling_ratio' of {n} must be at "
-        f"least minimum 4"))
-    torch._check_value(n == 4, lambda: (
-        f"{op}: argument 'pooling_ratio': pooling_ratio field must specify 4 dimensions"))
+    torch._check_value(
+        n >= 4,
+        lambda: (
+            f"{op}: argument 'pooling_ratio': Length for attr 'pooling_ratio' of {n} must be at "
+            f"least minimum 4"
+        ),
+    )
+    torch._check_value(
+        n == 4,
+        lambda: f"{op}: argument 'pooling_ratio': pooling_ratio field must specify 4 dimensions",
+    )
     ratio = [as_float32(r) for r in pooling_ratio]
     for r in ratio:
-        torch._check_value(r >= 1.0, lambda: (
-            f"{op}: argument 'pooling_ratio': pooling_ratio cannot be smaller than 1, "
-            f"got: {_fmt_g(r)}"))
+        torch._check_value(
+            r >= 1.0,
+            lambda: (
+                f"{op}: argument 'pooling_ratio': pooling_ratio cannot be smaller than 1, "
+                f"got: {_fmt_g(r)}"
+            ),
+        )
     kind = "max" if is_max else "average"
-    torch._check_not_implemented(ratio[0] == 1.0 and ratio[3] == 1.0, lambda: (
-        f"{op}: argument 'pooling_ratio': Fractional {kind} pooling is not yet supported on "
-        f"the batch nor channel dimension."))
-    torch._check_value(deterministic or (seed == 0 and seed2 == 0), lambda: (
-        f"{op}: argument 'seed': Both seed and seed2 should be 0 if deterministic is false."))
-    torch._check(value.dim() == 4, lambda: (
-        f"{op}: argument 'value': tensor_in must be 4-dimensional"))
+    torch._check_not_implemented(
+        ratio[0] == 1.0 and ratio[3] == 1.0,
+        lambda: (
+            f"{op}: argument 'pooling_ratio': Fractional {kind} pooling is not yet supported on "
+            f"the batch nor channel dimension."
+        ),
+    )
+    torch._check_value(
+        deterministic or (seed == 0 and seed2 == 0),
+        lambda: (
+            f"{op}: argument 'seed': Both seed and seed2 should be 0 if deterministic is false."
+        ),
+    )
+    torch._check(
+        value.dim() == 4, lambda: f"{op}: argument 'value': tensor_in must be 4-dimensional"
+    )
     _fp_dtype(value, op, "value")
     N, C = value.shape[0], value.shape[3]
     H, W = int(value.shape[1]), int(value.shape[2])  # specialises symbolic H, W (see above)
     for i, d in enumerate((N, H, W, C)):
-        torch._check(d >= 1 if i in (0, 3) else as_float32(float(d)) >= ratio[i], lambda: (
-            f"{op}: argument 'value': Pooling ratio is higher than input dimension size for "
-            f"dimension {i}. Input dim size: {d} pooling ratio: {_fmt_g(ratio[i])}"))
+        torch._check(
+            d >= 1 if i in (0, 3) else as_float32(float(d)) >= ratio[i],
+            lambda: (
+                f"{op}: argument 'value': Pooling ratio is higher than input dimension size for "
+                f"dimension {i}. Input dim size: {d} pooling ratio: {_fmt_g(ratio[i])}"
+            ),
+        )
     out_h, out_w = fractional_output_size(H, ratio[1]), fractional_output_size(W, ratio[2])
-    return (value.new_empty((N, out_h, out_w, C)),
-            value.new_empty((out_h + 1,), dtype=torch.int64),
-            value.new_empty((out_w + 1,), dtype=torch.int64))
+    return (
+        value.new_empty((N, out_h, out_w, C)),
+        value.new_empty((out_h + 1,), dtype=torch.int64),
+        value.new_empty((out_w + 1,), dtype=torch.int64),
+    )
 
 
 @torch.library.register_fake("tfgrads::fractional_avg_pool")
-def _fractional_avg_pool_fake(value, pooling_ratio, pseudo_random=False, overlapping=False,
-                              deterministic=False, seed=0, seed2=0):
-    return _fractional_pool_fake("fractional_avg_pool", False, value, pooling_ratio,
-                                 deterministic, seed, seed2)
+def _fractional_avg_pool_fake(
+    value,
+    pooling_ratio,
+    pseudo_random=False,
+    overlapping=False,
+    deterministic=False,
+    seed=0,
+    seed2=0,
+):
+    return _fractional_pool_fake(
+        "fractional_avg_pool", False, value, pooling_ratio, deterministic, seed, seed2
+    )
 
 
 @torch.library.register_fake("tfgrads::fractional_max_pool")
-def _fractional_max_pool_fake(value, pooling_ratio, pseudo_random=False, overlapping=False,
-                              deterministic=False, seed=0, seed2=0):
-    return _fractional_pool_fake("fractional_max_pool", True, value, pooling_ratio,
-                                 deterministic, seed, seed2)
+def _fractional_max_pool_fake(
+    value,
+    pooling_ratio,
+    pseudo_random=False,
+    overlapping=False,
+    deterministic=False,
+    seed=0,
+    seed2=0,
+):
+    return _fractional_pool_fake(
+        "fractional_max_pool", True, value, pooling_ratio, deterministic, seed, seed2
+    )
 
 
 _INT64_MAX = 2**63 - 1
 
 
 @torch.library.register_fake("tfgrads::fractional_avg_pool_grad")
-def _fractional_avg_pool_grad_fake(orig_input_tensor_shape, out_backprop, row_pooling_sequence,
-                                   col_pooling_sequence, overlapping=False):
+def _fractional_avg_pool_grad_fake(
+    orig_input_tensor_shape,
+    out_backprop,
+    row_pooling_sequence,
+    col_pooling_sequence,
+    overlapping=False,
+):
     op = "fractional_avg_pool_grad"
     orig = list(orig_input_tensor_shape)
-    torch._check_value(len(orig) == 4, lambda: (
-        f"{op}: argument 'orig_input_tensor_shape': original input tensor shape must "
-        f"be1-dimensional and 4 elements"))
+    torch._check_value(
+        len(orig) == 4,
+        lambda: (
+            f"{op}: argument 'orig_input_tensor_shape': original input tensor shape must "
+            f"be1-dimensional and 4 elements"
+        ),
+    )
     dy = out_backprop
-    torch._check(dy.dim() == 4, lambda: (
-        f"{op}: argument 'out_backprop': out_backprop must be 4-dimensional"))
+    torch._check(
+        dy.dim() == 4, lambda: f"{op}: argument 'out_backprop': out_backprop must be 4-dimensional"
+    )
     for d in dy.shape:
-        torch._check(d > 0, lambda: (
-            f"{op}: argument 'out_backprop': out_backprop must be positive for all dimension, "
-            f"got:{d}"))
+        torch._check(
+            d > 0,
+            lambda: (
+                f"{op}: argument 'out_backprop': out_backprop must be positive for all dimension, "
+                f"got:{d}"
+            ),
+        )
     _fp_dtype(dy, op, "out_backprop")
     _seq_dtype(row_pooling_sequence, op, "row_pooling_sequence")
     _seq_dtype(col_pooling_sequence, op, "col_pooling_sequence")
-    for seq, name, short, n in ((row_pooling_sequence, "row_pooling_sequence", "row", dy.shape[1]),
-                                (col_pooling_sequence, "col_pooling_sequence", "col", dy.shape[2])):
-        torch._check(seq.numel() > n, lambda: (
-            f"{op}: argument '{name}': Given out_backprop shape {tf_shape(dy.shape)}, "
-            f"{short}_seq_tensor must have at least {n + 1} elements, but got {seq.numel()}"))
+    for seq, name, short, n in (
+        (row_pooling_sequence, "row_pooling_sequence", "row", dy.shape[1]),
+        (col_pooling_sequence, "col_pooling_sequence", "col", dy.shape[2]),
+    ):
+        torch._check(
+            seq.numel() > n,
+            lambda: (
+                f"{op}: argument '{name}': Given out_backprop shape {tf_shape(dy.shape)}, "
+                f"{short}_seq_tensor must have at least {n + 1} elements, but got {seq.numel()}"
+            ),
+        )
     for d, label in zip(orig, ("Batch", "Rows", "Columns", "Depth")):
-        check_value(d != 0, lambda: (
-            f"{op}: argument 'orig_input_tensor_shape': {label} dimension of input must not be 0"))
+        check_value(
+            d != 0,
+            lambda: (
+                f"{op}: argument 'orig_input_tensor_shape': {label} dimension of input must not be 0"
+            ),
+        )
     numel = 1
     for d in orig:
-        check_value(d >= 0, lambda: (
-            f"{op}: argument 'orig_input_tensor_shape': Expected a non-negative size, got {d}"))
+        check_value(
+            d >= 0,
+            lambda: (
+                f"{op}: argument 'orig_input_tensor_shape': Expected a non-negative size, got {d}"
+            ),
+        )
         if isinstance(d, int) and isinstance(numel, int):  # symbolic sizes cannot overflow here
-            check_value(numel * d <= _INT64_MAX, lambda: (
-                f"{op}: argument 'orig_input_tensor_shape': Encountered overflow when "
-                f"multiplying {numel} with {d}, result: -1"))
+            check_value(
+                numel * d <= _INT64_MAX,
+                lambda: (
+                    f"{op}: argument 'orig_input_tensor_shape': Encountered overflow when "
+                    f"multiplying {numel} with {d}, result: -1"
+                ),
+            )
         numel = numel * d
-    torch._check(dy.shape[0] <= orig[0] and dy.shape[3] <= orig[3], lambda: (
-        f"{op}: argument 'out_backprop': out_backprop batch/depth must not exceed "
-        f"orig_input_tensor_shape's, got out_backprop {tf_shape(dy.shape)} for input "
-        f"{tf_shape(orig)}"))
+    torch._check(
+        dy.shape[0] <= orig[0] and dy.shape[3] <= orig[3],
+        lambda: (
+            f"{op}: argument 'out_backprop': out_backprop batch/depth must not exceed "
+            f"orig_input_tensor_shape's, got out_backprop {tf_shape(dy.shape)} for input "
+            f"{tf_shape(orig)}"
+        ),
+    )
     return dy.new_empty(orig)
 
 
 def _check_max_grad(op, x, y, dy, row_pooling_sequence, col_pooling_sequence):
     """csrc/common/fractional_pool.cpp's check_max_grad, but for the sequences' values."""
     for t, name in ((x, "orig_input"), (y, "orig_output")):
-        torch._check(t.dim() == 4, lambda: (
-            f"{op}: argument '{name}': {name} should be a tensor of rank 4, got "
-            f"{_debug_string(t)}"))
-        torch._check(t.numel() > 0, lambda: (
-            f"{op}: argument '{name}': {name} must not be empty, got {_debug_string(t)}"))
-    for seq, name in ((row_pooling_sequence, "row_pooling_sequence"),
-                      (col_pooling_sequence, "col_pooling_sequence")):
-        torch._check(seq.dim() == 1, lambda: (
-            f"{op}: argument '{name}': {name} must be a vector, received shape "
-            f"{tf_shape(seq.shape)}"))
+        torch._check(
+            t.dim() == 4,
+            lambda: (
+                f"{op}: argument '{name}': {name} should be a tensor of rank 4, got "
+                f"{_debug_string(t)}"
+            ),
+        )
+        torch._check(
+            t.numel() > 0,
+            lambda: f"{op}: argument '{name}': {name} must not be empty, got {_debug_string(t)}",
+        )
+    for seq, name in (
+        (row_pooling_sequence, "row_pooling_sequence"),
+        (col_pooling_sequence, "col_pooling_sequence"),
+    ):
+        torch._check(
+            seq.dim() == 1,
+            lambda: (
+                f"{op}: argument '{name}': {name} must be a vector, received shape "
+                f"{tf_shape(seq.shape)}"
+            ),
+        )
     _fp_dtype(x, op, "orig_input")
     for t, name in ((y, "orig_output"), (dy, "out_backprop")):
-        torch._check_type(t.dtype == x.dtype, lambda: (
-            f"{op}: argument '{name}' must have the dtype of orig_input "
-            f"({scalar_type_name(x.dtype)}), got {scalar_type_name(t.dtype)}"))
+        torch._check_type(
+            t.dtype == x.dtype,
+            lambda: (
+                f"{op}: argument '{name}' must have the dtype of orig_input "
+                f"({scalar_type_name(x.dtype)}), got {scalar_type_name(t.dtype)}"
+            ),
+        )
     _same_device(x, y, op, "orig_input", "orig_output")
     _same_device(x, dy, op, "orig_input", "out_backprop")
-    torch._check(y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3], lambda: (
-        f"{op}: argument 'orig_output': orig_output must have the batch and depth of "
-        f"orig_input, got {tf_shape(y.shape)} for orig_input {tf_shape(x.shape)}"))
-    torch._check(dy.shape == y.shape, lambda: (
-        f"{op}: argument 'out_backprop': out_backprop must have the shape of orig_output "
-        f"{tf_shape(y.shape)}, got {tf_shape(dy.shape)}"))
+    torch._check(
+        y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3],
+        lambda: (
+            f"{op}: argument 'orig_output': orig_output must have the batch and depth of "
+            f"orig_input, got {tf_shape(y.shape)} for orig_input {tf_shape(x.shape)}"
+        ),
+    )
+    torch._check(
+        dy.shape == y.shape,
+        lambda: (
+            f"{op}: argument 'out_backprop': out_backprop must have the shape of orig_output "
+            f"{tf_shape(y.shape)}, got {tf_shape(dy.shape)}"
+        ),
+    )
     _seq_dtype(row_pooling_sequence, op, "row_pooling_sequence")
     _seq_dtype(col_pooling_sequence, op, "col_pooling_sequence")
-    for seq, name, axis, n in ((row_pooling_sequence, "row_pooling_sequence", "rows", y.shape[1]),
-                               (col_pooling_sequence, "col_pooling_sequence", "columns",
-                                y.shape[2])):
-        torch._check(seq.numel() == n + 1, lambda: (
-            f"{op}: argument '{name}' must have orig_output's {axis} + 1 = {n + 1} elements, "
-            f"got {seq.numel()}"))
+    for seq, name, axis, n in (
+        (row_pooling_sequence, "row_pooling_sequence", "rows", y.shape[1]),
+        (col_pooling_sequence, "col_pooling_sequence", "columns", y.shape[2]),
+    ):
+        torch._check(
+            seq.numel() == n + 1,
+            lambda: (
+                f"{op}: argument '{name}' must have orig_output's {axis} + 1 = {n + 1} elements, "
+                f"got {seq.numel()}"
+            ),
+        )
 
 
 @torch.library.register_fake("tfgrads::fractional_max_pool_grad")
-def _fractional_max_pool_grad_fake(orig_input, orig_output, out_backprop, row_pooling_sequence,
-                                   col_pooling_sequence, overlapping=False):
-    _check_max_grad("fractional_max_pool_grad", orig_input, orig_output, out_backprop,
-                    row_pooling_sequence, col_pooling_sequence)
+def _fractional_max_pool_grad_fake(
+    orig_input,
+    orig_output,
+    out_backprop,
+    row_pooling_sequence,
+    col_pooling_sequence,
+    overlapping=False,
+):
+    _check_max_grad(
+        "fractional_max_pool_grad",
+        orig_input,
+        orig_output,
+        out_backprop,
+        row_pooling_sequence,
+        col_pooling_sequence,
+    )
     return orig_input.new_empty(orig_input.shape)
 
 
 @torch.library.register_fake("tfgrads::fractional_pooling_sequence")
-def _fractional_pooling_sequence_fake(input_length, output_length, pseudo_random=False, seed=0,
-                                      seed2=0):
-    check_value(1 <= output_length <= input_length, lambda: (
-        f"fractional_pooling_sequence: argument 'output_length' must be in [1, input_length = "
-        f"{input_length}], got {output_length}"))
+def _fractional_pooling_sequence_fake(
+    input_length, output_length, pseudo_random=False, seed=0, seed2=0
+):
+    check_value(
+        1 <= output_length <= input_length,
+        lambda: (
+            f"fractional_pooling_sequence: argument 'output_length' must be in [1, input_length = "
+            f"{input_length}], got {output_length}"
+        ),
+    )
     return torch.empty((output_length + 1,), dtype=torch.int64, device="cpu")
 
 
 @torch.library.register_fake("tfgrads::_fractional_avg_pool_grad_backward")
-def _fractional_avg_pool_grad_backward_fake(grad, row_pooling_sequence, col_pooling_sequence,
-                                            overlapping=False):
+def _fractional_avg_pool_grad_backward_fake(
+    grad, row_pooling_sequence, col_pooling_sequence, overlapping=False
+):
     op = "_fractional_avg_pool_grad_backward"
-    torch._check(grad.dim() == 4, lambda: (
-        f"{op}: argument 'grad' must be 4-dimensional (NHWC), got {tf_shape(grad.shape)}"))
+    torch._check(
+        grad.dim() == 4,
+        lambda: f"{op}: argument 'grad' must be 4-dimensional (NHWC), got {tf_shape(grad.shape)}",
+    )
     _fp_dtype(grad, op, "grad")
-    for seq, name in ((row_pooling_sequence, "row_pooling_sequence"),
-                      (col_pooling_sequence, "col_pooling_sequence")):
-        torch._check(seq.dim() == 1 and seq.numel() >= 2, lambda: (
-            f"{op}: argument '{name}' must be a vector of at least 2 elements, got shape "
-            f"{tf_shape(seq.shape)}"))
+    for seq, name in (
+        (row_pooling_sequence, "row_pooling_sequence"),
+        (col_pooling_sequence, "col_pooling_sequence"),
+    ):
+        torch._check(
+            seq.dim() == 1 and seq.numel() >= 2,
+            lambda: (
+                f"{op}: argument '{name}' must be a vector of at least 2 elements, got shape "
+                f"{tf_shape(seq.shape)}"
+            ),
+        )
     _seq_dtype(row_pooling_sequence, op, "row_pooling_sequence")
     _seq_dtype(col_pooling_sequence, op, "col_pooling_sequence")
-    torch._check(grad.shape[1] > 0 and grad.shape[2] > 0, lambda: (
-        f"{op}: argument 'grad' must have rows and columns, got {tf_shape(grad.shape)}"))
-    return grad.new_empty((grad.shape[0], row_pooling_sequence.numel() - 1,
-                           col_pooling_sequence.numel() - 1, grad.shape[3]))
+    torch._check(
+        grad.shape[1] > 0 and grad.shape[2] > 0,
+        lambda: f"{op}: argument 'grad' must have rows and columns, got {tf_shape(grad.shape)}",
+    )
+    return grad.new_empty(
+        (
+            grad.shape[0],
+            row_pooling_sequence.numel() - 1,
+            col_pooling_sequence.numel() - 1,
+            grad.shape[3],
+        )
+    )
 
 
 @torch.library.register_fake("tfgrads::_fractional_max_pool_grad_backward")
-def _fractional_max_pool_grad_backward_fake(orig_input, orig_output, grad, row_pooling_sequence,
-                                            col_pooling_sequence, overlapping=False):
+def _fractional_max_pool_grad_backward_fake(
+    orig_input, orig_output, grad, row_pooling_sequence, col_pooling_sequence, overlapping=False
+):
     op = "_fractional_max_pool_grad_backward"
-    _check_max_grad(op, orig_input, orig_output, orig_output, row_pooling_sequence,
-                    col_pooling_sequence)
+    _check_max_grad(
+        op, orig_input, orig_output, orig_output, row_pooling_sequence, col_pooling_sequence
+    )
     _same_device(orig_input, grad, op, "orig_input", "grad")  # (only the CUDA kernel can see it)
-    torch._check(grad.shape == orig_input.shape and grad.dtype == orig_input.dtype, lambda: (
-        f"{op}: argument 'grad' must have the shape and dtype of orig_input"))
+    torch._check(
+        grad.shape == orig_input.shape and grad.dtype == orig_input.dtype,
+        lambda: f"{op}: argument 'grad' must have the shape and dtype of orig_input",
+    )
     return grad.new_empty(orig_output.shape)
-
-
 
 
 # ---- autograd ---------------------------------------------------------------------------------
@@ -395,8 +570,9 @@ def _avg_pool_backward(ctx, dy, *_unused):
     return dx, None, None, None, None, None, None
 
 
-torch.library.register_autograd("tfgrads::fractional_avg_pool", _avg_pool_backward,
-                                setup_context=_avg_pool_setup_context)
+torch.library.register_autograd(
+    "tfgrads::fractional_avg_pool", _avg_pool_backward, setup_context=_avg_pool_setup_context
+)
 
 
 def _avg_pool_grad_setup_context(ctx, inputs, output):
@@ -412,8 +588,11 @@ def _avg_pool_grad_backward(ctx, g):
     return None, g_dy[:n, :oh, :ow, :c], None, None, None
 
 
-torch.library.register_autograd("tfgrads::fractional_avg_pool_grad", _avg_pool_grad_backward,
-                                setup_context=_avg_pool_grad_setup_context)
+torch.library.register_autograd(
+    "tfgrads::fractional_avg_pool_grad",
+    _avg_pool_grad_backward,
+    setup_context=_avg_pool_grad_setup_context,
+)
 
 
 def _avg_pool_grad_backward_setup_context(ctx, inputs, output):
@@ -424,12 +603,19 @@ def _avg_pool_grad_backward_setup_context(ctx, inputs, output):
 
 def _avg_pool_grad_backward_backward(ctx, gg):
     rows, cols = ctx.saved_tensors
-    return (torch.ops.tfgrads.fractional_avg_pool_grad(ctx.shape, gg, rows, cols,
-                                                        ctx.overlapping), None, None, None)
+    return (
+        torch.ops.tfgrads.fractional_avg_pool_grad(ctx.shape, gg, rows, cols, ctx.overlapping),
+        None,
+        None,
+        None,
+    )
 
 
-torch.library.register_autograd("tfgrads::_fractional_avg_pool_grad_backward",
-                                _avg_pool_grad_backward_backward, setup_context=_avg_pool_grad_backward_setup_context)
+torch.library.register_autograd(
+    "tfgrads::_fractional_avg_pool_grad_backward",
+    _avg_pool_grad_backward_backward,
+    setup_context=_avg_pool_grad_backward_setup_context,
+)
 
 
 def _max_pool_setup_context(ctx, inputs, output):
@@ -446,8 +632,9 @@ def _max_pool_backward(ctx, dy, *_unused):
     return dx, None, None, None, None, None, None
 
 
-torch.library.register_autograd("tfgrads::fractional_max_pool", _max_pool_backward,
-                                setup_context=_max_pool_setup_context)
+torch.library.register_autograd(
+    "tfgrads::fractional_max_pool", _max_pool_backward, setup_context=_max_pool_setup_context
+)
 
 
 # Gradient w.r.t. out_backprop only (TF gives none for orig_input/orig_output: the argmax is
@@ -460,13 +647,17 @@ def _max_pool_grad_setup_context(ctx, inputs, output):
 
 def _max_pool_grad_backward(ctx, g):
     x, y, rows, cols = ctx.saved_tensors
-    g_dy = torch.ops.tfgrads._fractional_max_pool_grad_backward(x, y, g, rows, cols,
-                                                                 ctx.overlapping)
+    g_dy = torch.ops.tfgrads._fractional_max_pool_grad_backward(
+        x, y, g, rows, cols, ctx.overlapping
+    )
     return None, None, g_dy, None, None, None
 
 
-torch.library.register_autograd("tfgrads::fractional_max_pool_grad", _max_pool_grad_backward,
-                                setup_context=_max_pool_grad_setup_context)
+torch.library.register_autograd(
+    "tfgrads::fractional_max_pool_grad",
+    _max_pool_grad_backward,
+    setup_context=_max_pool_grad_setup_context,
+)
 
 
 def _max_pool_grad_backward_setup_context(ctx, inputs, output):
@@ -477,12 +668,18 @@ def _max_pool_grad_backward_setup_context(ctx, inputs, output):
 
 def _max_pool_grad_backward_backward(ctx, gg):
     x, y, rows, cols = ctx.saved_tensors
-    return (None, None, torch.ops.tfgrads.fractional_max_pool_grad(x, y, gg, rows, cols,
-                                                                    ctx.overlapping),
-            None, None, None)
+    return (
+        None,
+        None,
+        torch.ops.tfgrads.fractional_max_pool_grad(x, y, gg, rows, cols, ctx.overlapping),
+        None,
+        None,
+        None,
+    )
 
 
-torch.library.register_autograd("tfgrads::_fractional_max_pool_grad_backward",
-                                _max_pool_grad_backward_backward, setup_context=_max_pool_grad_backward_setup_context)
-
-
+torch.library.register_autograd(
+    "tfgrads::_fractional_max_pool_grad_backward",
+    _max_pool_grad_backward_backward,
+    setup_context=_max_pool_grad_backward_setup_context,
+)

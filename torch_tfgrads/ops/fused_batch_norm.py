@@ -5,6 +5,7 @@ csrc/common/fused_batch_norm.h with the same messages, and the kernels' output l
 autograd formulas (TF's `_FusedBatchNormV3Grad` and `_FusedBatchNormGradGrad`). The contract is
 in docs/ops/fused_batch_norm.md.
 """
+
 from __future__ import annotations
 
 import torch
@@ -57,8 +58,8 @@ def fused_batch_norm_v3(
     if variance is None:
         variance = _empty_stats(x)
     return torch.ops.tfgrads.fused_batch_norm_v3.default(
-        x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format,
-        is_training)
+        x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format, is_training
+    )
 
 
 def fused_batch_norm_grad_v3(
@@ -83,10 +84,16 @@ def fused_batch_norm_grad_v3(
     if reserve_space_3 is None:
         reserve_space_3 = _empty_stats(x)
     return torch.ops.tfgrads.fused_batch_norm_grad_v3.default(
-        y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3, epsilon,
-        data_format, is_training)
-
-
+        y_backprop,
+        x,
+        scale,
+        reserve_space_1,
+        reserve_space_2,
+        reserve_space_3,
+        epsilon,
+        data_format,
+        is_training,
+    )
 
 
 # ---- fake kernels -----------------------------------------------------------------------------
@@ -103,48 +110,78 @@ def bn_channels_first(data_format, op):
         return True
     raise ValueError(
         f"{op}: argument 'data_format': Value for attr 'data_format' of \"{data_format}\" is not "
-        'in the list of allowed values: "NHWC", "NCHW", "NDHWC", "NCDHW"')
+        'in the list of allowed values: "NHWC", "NCHW", "NDHWC", "NCDHW"'
+    )
 
 
 def _bn_param_dtype(x, op):
-    torch._check_type(x.dtype in _BN_DTYPES, lambda: (
-        f"{op}: argument 'x' must be float16, bfloat16, float32 or float64, got "
-        f"{scalar_type_name(x.dtype)}"))
+    torch._check_type(
+        x.dtype in _BN_DTYPES,
+        lambda: (
+            f"{op}: argument 'x' must be float16, bfloat16, float32 or float64, got "
+            f"{scalar_type_name(x.dtype)}"
+        ),
+    )
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _bn_rank(t, op, name):
-    torch._check(t.dim() in (4, 5), lambda: (
-        f"{op}: argument '{name}': input must be 4 or 5-dimensional{tf_shape(t.shape)}"))
+    torch._check(
+        t.dim() in (4, 5),
+        lambda: f"{op}: argument '{name}': input must be 4 or 5-dimensional{tf_shape(t.shape)}",
+    )
 
 
 def _bn_vector(t, op, name, tf_name):
-    torch._check(t.dim() == 1, lambda: (
-        f"{op}: argument '{name}': {tf_name} must be 1-dimensional{tf_shape(t.shape)}"))
+    torch._check(
+        t.dim() == 1,
+        lambda: f"{op}: argument '{name}': {tf_name} must be 1-dimensional{tf_shape(t.shape)}",
+    )
 
 
 def _bn_channels(t, C, op, name, prefix=""):
-    torch._check(t.numel() == C, lambda: (
-        f"{op}: argument '{name}': {prefix}{name} must have the same number of elements as the "
-        f"channels of x, got {t.numel()} and {C}"))
+    torch._check(
+        t.numel() == C,
+        lambda: (
+            f"{op}: argument '{name}': {prefix}{name} must have the same number of elements as the "
+            f"channels of x, got {t.numel()} and {C}"
+        ),
+    )
 
 
 def _bn_dtype(t, dtype, op, name):
-    torch._check_type(t.dtype == dtype, lambda: (
-        f"{op}: argument '{name}' must be a {scalar_type_name(dtype)} tensor ({_BN_PARAM_WHY}), "
-        f"got {scalar_type_name(t.dtype)}"))
+    torch._check_type(
+        t.dtype == dtype,
+        lambda: (
+            f"{op}: argument '{name}' must be a {scalar_type_name(dtype)} tensor ({_BN_PARAM_WHY}), "
+            f"got {scalar_type_name(t.dtype)}"
+        ),
+    )
 
 
 def bn_same_device(ref, t, op, ref_name, name):
     """csrc/common/checks.h's check_same_device."""
-    torch._check(t.device == ref.device, lambda: (
-        f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-        f"tensors must be on one device"))
+    torch._check(
+        t.device == ref.device,
+        lambda: (
+            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+            f"tensors must be on one device"
+        ),
+    )
 
 
 @torch.library.register_fake("tfgrads::fused_batch_norm_v3")
-def _fused_batch_norm_v3_fake(x, scale, offset, mean, variance, epsilon=1e-4,
-                              exponential_avg_factor=1.0, data_format="NHWC", is_training=True):
+def _fused_batch_norm_v3_fake(
+    x,
+    scale,
+    offset,
+    mean,
+    variance,
+    epsilon=1e-4,
+    exponential_avg_factor=1.0,
+    data_format="NHWC",
+    is_training=True,
+):
     op = _BN_FWD
     cf = bn_channels_first(data_format, op)
     pdt = _bn_param_dtype(x, op)
@@ -178,40 +215,66 @@ def _fused_batch_norm_v3_fake(x, scale, offset, mean, variance, epsilon=1e-4,
 
 
 @torch.library.register_fake("tfgrads::fused_batch_norm_grad_v3")
-def _fused_batch_norm_grad_v3_fake(y_backprop, x, scale, reserve_space_1, reserve_space_2,
-                                   reserve_space_3, epsilon=1e-4, data_format="NHWC",
-                                   is_training=True):
+def _fused_batch_norm_grad_v3_fake(
+    y_backprop,
+    x,
+    scale,
+    reserve_space_1,
+    reserve_space_2,
+    reserve_space_3,
+    epsilon=1e-4,
+    data_format="NHWC",
+    is_training=True,
+):
     op = _BN_BWD
     cf = bn_channels_first(data_format, op)
     pdt = _bn_param_dtype(x, op)
-    torch._check_type(y_backprop.dtype == x.dtype, lambda: (
-        f"{op}: argument 'y_backprop' must have the dtype of x ({scalar_type_name(x.dtype)}), "
-        f"got {scalar_type_name(y_backprop.dtype)}"))
+    torch._check_type(
+        y_backprop.dtype == x.dtype,
+        lambda: (
+            f"{op}: argument 'y_backprop' must have the dtype of x ({scalar_type_name(x.dtype)}), "
+            f"got {scalar_type_name(y_backprop.dtype)}"
+        ),
+    )
     _bn_rank(y_backprop, op, "y_backprop")
     _bn_rank(x, op, "x")
     _bn_vector(scale, op, "scale", "scale")
     _bn_vector(reserve_space_1, op, "reserve_space_1", "saved mean")
     _bn_vector(reserve_space_2, op, "reserve_space_2", "saved variance")
-    torch._check(x.shape == y_backprop.shape, lambda: (
-        f"{op}: argument 'y_backprop': x and y_backprop must have same shape, but x has shape "
-        f"{tf_shape(x.shape)} and y_backprop has shape {tf_shape(y_backprop.shape)}"))
+    torch._check(
+        x.shape == y_backprop.shape,
+        lambda: (
+            f"{op}: argument 'y_backprop': x and y_backprop must have same shape, but x has shape "
+            f"{tf_shape(x.shape)} and y_backprop has shape {tf_shape(y_backprop.shape)}"
+        ),
+    )
     cdim = 1 if cf else x.dim() - 1
     C = x.shape[cdim]
     _bn_channels(scale, C, op, "scale")
     _bn_channels(reserve_space_1, C, op, "reserve_space_1")
     _bn_channels(reserve_space_2, C, op, "reserve_space_2")
-    for t, name in ((scale, "scale"), (reserve_space_1, "reserve_space_1"),
-                    (reserve_space_2, "reserve_space_2")):
+    for t, name in (
+        (scale, "scale"),
+        (reserve_space_1, "reserve_space_1"),
+        (reserve_space_2, "reserve_space_2"),
+    ):
         _bn_dtype(t, pdt, op, name)
-    for t, name in ((y_backprop, "y_backprop"), (scale, "scale"),
-                    (reserve_space_1, "reserve_space_1"), (reserve_space_2, "reserve_space_2")):
+    for t, name in (
+        (y_backprop, "y_backprop"),
+        (scale, "scale"),
+        (reserve_space_1, "reserve_space_1"),
+        (reserve_space_2, "reserve_space_2"),
+    ):
         bn_same_device(x, t, op, "x", name)
     perm = channel_layout_perm(x, cdim, natural_channels_last=not cf)
     x_backprop = empty_in_layout(x, x.shape, perm)
-    return (x_backprop, x.new_empty((C,), dtype=pdt), x.new_empty((C,), dtype=pdt),
-            x.new_empty((0,), dtype=pdt), x.new_empty((0,), dtype=pdt))
-
-
+    return (
+        x_backprop,
+        x.new_empty((C,), dtype=pdt),
+        x.new_empty((C,), dtype=pdt),
+        x.new_empty((0,), dtype=pdt),
+        x.new_empty((0,), dtype=pdt),
+    )
 
 
 # ---- autograd ---------------------------------------------------------------------------------
@@ -233,12 +296,14 @@ def _batch_norm_backward(ctx, dy, *_unused):
     if dy is None:
         dy = torch.zeros_like(x)
     dx, dscale, doffset, _, _ = torch.ops.tfgrads.fused_batch_norm_grad_v3(
-        dy, x, scale, saved_mean, saved_var, rs3, ctx.epsilon, ctx.data_format, ctx.is_training)
+        dy, x, scale, saved_mean, saved_var, rs3, ctx.epsilon, ctx.data_format, ctx.is_training
+    )
     return dx, dscale, doffset, None, None, None, None, None, None
 
 
-torch.library.register_autograd("tfgrads::fused_batch_norm_v3", _batch_norm_backward,
-                                setup_context=_batch_norm_setup_context)
+torch.library.register_autograd(
+    "tfgrads::fused_batch_norm_v3", _batch_norm_backward, setup_context=_batch_norm_setup_context
+)
 
 
 # TF's `_FusedBatchNormGradGrad` (nn_fused_batch_norm_grad.py): gradients for y_backprop, x and
@@ -254,11 +319,13 @@ def _batch_norm_grad_backward(ctx, g_dx, g_dscale, g_doffset, *_unused):
     dy, x, scale, rs1, rs2 = ctx.saved_tensors
     cf = bn_channels_first(ctx.data_format, "fused_batch_norm_grad_v3")
     grad_dy, grad_x, grad_scale = batch_norm_grad_grad(
-        dy, x, scale, rs1, rs2, g_dx, g_dscale, g_doffset, ctx.epsilon, cf, ctx.is_training)
+        dy, x, scale, rs1, rs2, g_dx, g_dscale, g_doffset, ctx.epsilon, cf, ctx.is_training
+    )
     return grad_dy, grad_x, grad_scale, None, None, None, None, None, None
 
 
-torch.library.register_autograd("tfgrads::fused_batch_norm_grad_v3", _batch_norm_grad_backward,
-                                setup_context=_batch_norm_grad_setup_context)
-
-
+torch.library.register_autograd(
+    "tfgrads::fused_batch_norm_grad_v3",
+    _batch_norm_grad_backward,
+    setup_context=_batch_norm_grad_setup_context,
+)

@@ -7,11 +7,13 @@ inference, with half/bfloat16 computed in float32. We implement the closed form 
 derivative (the formulas of PyTorch's `batchnorm_double_backward`) in torch ops, so it is
 traceable by torch.compile and itself differentiable.
 """
+
 import torch
 
 
-def batch_norm_grad_grad(dy, x, scale, pop_mean, pop_var, g_dx, g_dscale, g_doffset, epsilon,
-                         channels_first, is_training):
+def batch_norm_grad_grad(
+    dy, x, scale, pop_mean, pop_var, g_dx, g_dscale, g_doffset, epsilon, channels_first, is_training
+):
     """Returns (grad_y_backprop, grad_x, grad_scale) for upstream grads of (dx, dscale, doffset)."""
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     cdim = 1 if channels_first else x.dim() - 1
@@ -49,10 +51,14 @@ def batch_norm_grad_grad(dy, x, scale, pop_mean, pop_var, g_dx, g_dscale, g_doff
         gO_sum, gOxmu_sum = csum(gO), csum(gO * xmu)
         if ggI is not None:
             ggI_sum, ggIxmu_sum = csum(ggI), csum(ggI * xmu)
-            all_sub = ggI_sum * gO_sum / M - csum(gO * ggI) + (3.0 / M) * s2 * gOxmu_sum * ggIxmu_sum
-            gI = gamma * (xmu * s3 * all_sub / M
-                          + ggIxmu_sum * s3 / M * (gO_sum / M - gO)
-                          + gOxmu_sum * s3 / M * (ggI_sum / M - ggI))
+            all_sub = (
+                ggI_sum * gO_sum / M - csum(gO * ggI) + (3.0 / M) * s2 * gOxmu_sum * ggIxmu_sum
+            )
+            gI = gamma * (
+                xmu * s3 * all_sub / M
+                + ggIxmu_sum * s3 / M * (gO_sum / M - gO)
+                + gOxmu_sum * s3 / M * (ggI_sum / M - ggI)
+            )
             gG = csum(ggI * (istd / M) * (M * gO - gO_sum - xmu * s2 * gOxmu_sum))
             ggO = gamma * istd / M * (M * ggI - ggI_sum - xmu * s2 * ggIxmu_sum)
         if ggG is not None:

@@ -11,10 +11,12 @@ def channel_layout_perm(x, cdim, natural_channels_last):
     first = [0, cdim] + [d for d in range(1, dim) if d != cdim]
     last_dense = x.permute(last).is_contiguous()
     first_dense = x.permute(first).is_contiguous()
-    if natural_channels_last:
-        use_last = last_dense or not first_dense
-    else:
-        use_last = last_dense and not first_dense
+    # A tensor dense in both orders (e.g. H = W = 1) takes the format's natural order.
+    use_last = (
+        (last_dense or not first_dense)
+        if natural_channels_last
+        else (last_dense and not first_dense)
+    )
     return last if use_last else first
 
 

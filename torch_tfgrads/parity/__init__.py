@@ -7,6 +7,7 @@ machine, which the benchmarks in `benchmarks/` provide (docs/benchmarks.md).
 A family adds itself to FAMILIES with a module exposing OPS (op names) and
 `run(tf, n_cases, seed, log)` -> list of Row.
 """
+
 import importlib
 import sys
 from dataclasses import dataclass

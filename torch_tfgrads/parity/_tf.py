@@ -5,6 +5,7 @@ TF's x86 wheels default to oneDNN kernels, whose numbers and output shapes diffe
 from the Eigen kernels that define the ops (docs/parity.md). Our reference is the Eigen
 path, so TF_ENABLE_ONEDNN_OPTS=0 must be set before TensorFlow is first imported.
 """
+
 import os
 
 import numpy as np
@@ -36,8 +37,14 @@ def onednn_enabled():
     return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1") != "0"
 
 
-_TF_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-              torch.float64: "float64", torch.int32: "int32", torch.int64: "int64"}
+_TF_DTYPES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
 
 
 def to_tf(t):

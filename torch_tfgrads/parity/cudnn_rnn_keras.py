@@ -1,6 +1,7 @@
 """Keras 3 LSTM / GRU(reset_after) / SimpleRNN on TF's CPU kernels: the TensorFlow oracle of the
 CudnnRNN family (TF has no CPU kernel for the CudnnRNN ops themselves; Keras's cuDNN path calls
 CudnnRNNV3 with a buffer built from these weights, docs/ops/cudnn_rnn.md)."""
+
 import os
 
 import numpy as np
@@ -29,8 +30,12 @@ def keras_rnn(mode, x, lengths, kernel, recurrent_kernel, bias, cotangents, h0=N
     layer = getattr(keras.layers, _LAYERS[mode])(U, **kw)
     B, T, _ = x.shape
     layer.build((B, T, x.shape[2]))
-    layer.set_weights([np.asarray(t.detach().cpu().double().numpy(), np.float32)
-                       for t in (kernel, recurrent_kernel, bias)])
+    layer.set_weights(
+        [
+            np.asarray(t.detach().cpu().double().numpy(), np.float32)
+            for t in (kernel, recurrent_kernel, bias)
+        ]
+    )
     tx = tf.constant(x.detach().cpu().float().numpy())
     mask = None
     if lengths is not None:
@@ -40,8 +45,9 @@ def keras_rnn(mode, x, lengths, kernel, recurrent_kernel, bias, cotangents, h0=N
         init = [tf.constant(h0.detach().cpu().float().numpy())]
         if mode == "lstm":
             init.append(tf.constant(c0.detach().cpu().float().numpy()))
-    dy, dh, dc = (tf.constant(t.detach().cpu().float().numpy()) if t is not None else None
-                  for t in cotangents)
+    dy, dh, dc = (
+        tf.constant(t.detach().cpu().float().numpy()) if t is not None else None for t in cotangents
+    )
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(tx)
         if init is not None:
@@ -59,4 +65,5 @@ def keras_rnn(mode, x, lengths, kernel, recurrent_kernel, bias, cotangents, h0=N
 
     def t64(v):
         return None if v is None else torch.from_numpy(np.array(v)).double()
+
     return (t64(out), t64(h), t64(c) if c is not None else None, [t64(g) for g in grads])

@@ -5,6 +5,7 @@ The reference is PyTorch's grouped convolution (groups=C) in float64 on explicit
 with gradients from autograd (a direct float64 loop): the oracle wherever
 TF cannot be one (dilations, NCHW, unequal strides: TF's CPU kernels refuse or get them wrong).
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,13 +32,13 @@ def out_size_and_pads(size, k, s, d, padding, explicit=(0, 0)):
 
 @dataclass
 class Case:
-    x: torch.Tensor        # in data_format order
-    f: torch.Tensor        # [fh, fw, C, M]
-    dy: torch.Tensor       # in data_format order, the forward's output shape
-    strides: tuple         # (sH, sW)
-    dilations: tuple       # (dH, dW)
+    x: torch.Tensor  # in data_format order
+    f: torch.Tensor  # [fh, fw, C, M]
+    dy: torch.Tensor  # in data_format order, the forward's output shape
+    strides: tuple  # (sH, sW)
+    dilations: tuple  # (dH, dW)
     padding: str
-    explicit: tuple        # ((top, bottom), (left, right)); zeros unless EXPLICIT
+    explicit: tuple  # ((top, bottom), (left, right)); zeros unless EXPLICIT
     data_format: str
 
     @property
@@ -47,8 +48,7 @@ class Case:
     @property
     def tf_supported(self):
         """TF's Eigen CPU kernels compute this case (NHWC, equal strides, no dilation)."""
-        return (not self.nchw and self.dilations == (1, 1)
-                and self.strides[0] == self.strides[1])
+        return not self.nchw and self.dilations == (1, 1) and self.strides[0] == self.strides[1]
 
     def _four(self, pair):
         return [1, 1, *pair] if self.nchw else [1, *pair, 1]
@@ -59,16 +59,23 @@ class Case:
         if self.padding == "EXPLICIT":
             (t, b), (l, r) = self.explicit
             ex = [0, 0, 0, 0, t, b, l, r] if self.nchw else [0, 0, t, b, l, r, 0, 0]
-        return (self._four(self.strides), self.padding, ex, self.data_format,
-                self._four(self.dilations))
+        return (
+            self._four(self.strides),
+            self.padding,
+            ex,
+            self.data_format,
+            self._four(self.dilations),
+        )
 
     @property
     def name(self):
         fh, fw, C, M = self.f.shape
         shape = "x".join(map(str, self.x.shape))
-        return (f"{self.data_format}-{str(self.x.dtype)[6:]}-{shape}-k{fh}x{fw}m{M}-"
-                f"s{self.strides[0]}{self.strides[1]}-d{self.dilations[0]}{self.dilations[1]}-"
-                f"{self.padding}{''.join(str(v) for p in self.explicit for v in p)}")
+        return (
+            f"{self.data_format}-{str(self.x.dtype)[6:]}-{shape}-k{fh}x{fw}m{M}-"
+            f"s{self.strides[0]}{self.strides[1]}-d{self.dilations[0]}{self.dilations[1]}-"
+            f"{self.padding}{''.join(str(v) for p in self.explicit for v in p)}"
+        )
 
 
 def reference(case):
@@ -78,13 +85,16 @@ def reference(case):
     wt = case.f.double().detach().clone().requires_grad_()
     fh, fw, C, M = wt.shape
     H, W = xt.shape[2], xt.shape[3]
-    _, pt, pb = out_size_and_pads(H, fh, case.strides[0], case.dilations[0], case.padding,
-                                  case.explicit[0])
-    _, pl, pr = out_size_and_pads(W, fw, case.strides[1], case.dilations[1], case.padding,
-                                  case.explicit[1])
+    _, pt, pb = out_size_and_pads(
+        H, fh, case.strides[0], case.dilations[0], case.padding, case.explicit[0]
+    )
+    _, pl, pr = out_size_and_pads(
+        W, fw, case.strides[1], case.dilations[1], case.padding, case.explicit[1]
+    )
     wk = wt.permute(2, 3, 0, 1).reshape(C * M, 1, fh, fw)
-    y = F.conv2d(F.pad(xt, (pl, pr, pt, pb)), wk, stride=case.strides,
-                 dilation=case.dilations, groups=C)
+    y = F.conv2d(
+        F.pad(xt, (pl, pr, pt, pb)), wk, stride=case.strides, dilation=case.dilations, groups=C
+    )
     dy = case.dy.double()
     y.backward(dy if case.nchw else dy.permute(0, 3, 1, 2))
     back = (lambda t: t) if case.nchw else (lambda t: t.permute(0, 2, 3, 1))
@@ -108,9 +118,14 @@ def random_cases(n, seed=0, tf_only=False, dtypes=(torch.float32, torch.float64)
         if tf_only:
             s, d = (s[0], s[0]), (1, 1)
         padding = str(rng.choice(["SAME", "VALID", "EXPLICIT"]))
-        ex = ((int(rng.integers(0, 4)), int(rng.integers(0, 4))),
-              (int(rng.integers(0, 4)), int(rng.integers(0, 4)))) if padding == "EXPLICIT" \
+        ex = (
+            (
+                (int(rng.integers(0, 4)), int(rng.integers(0, 4))),
+                (int(rng.integers(0, 4)), int(rng.integers(0, 4))),
+            )
+            if padding == "EXPLICIT"
             else ((0, 0), (0, 0))
+        )
         Ho = out_size_and_pads(H, fh, s[0], d[0], padding, ex[0])[0]
         Wo = out_size_and_pads(W, fw, s[1], d[1], padding, ex[1])[0]
         if Ho <= 0 or Wo <= 0:

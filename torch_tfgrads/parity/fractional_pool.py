@@ -1,17 +1,27 @@
 """FractionalPool family in the parity command: sequences, outputs and both gradients against
 TF 2.21's kernels (bit-exact expected: tolerance 0)."""
+
 import torch
 
 import torch_tfgrads as T
 
 from . import Row
 from .fractional_pool_cases import random_cases
-from .fractional_pool_tf import (tf_fractional_avg_pool_grad, tf_fractional_max_pool_grad,
-                                 tf_fractional_pool)
+from .fractional_pool_tf import (
+    tf_fractional_avg_pool_grad,
+    tf_fractional_max_pool_grad,
+    tf_fractional_pool,
+)
 
-OPS = ["fractional_avg_pool", "fractional_avg_pool_grad", "fractional_max_pool",
-       "fractional_max_pool_grad", "fractional_pooling_sequence",
-       "_fractional_avg_pool_grad_backward", "_fractional_max_pool_grad_backward"]
+OPS = [
+    "fractional_avg_pool",
+    "fractional_avg_pool_grad",
+    "fractional_max_pool",
+    "fractional_max_pool_grad",
+    "fractional_pooling_sequence",
+    "_fractional_avg_pool_grad_backward",
+    "_fractional_max_pool_grad_backward",
+]
 
 
 def _err(a, b):
@@ -28,11 +38,15 @@ def check_case(case, dy_seed=0):
     """Runs one case through us and TF: {op: error}."""
     fwd = T.fractional_avg_pool if case.kind == "avg" else T.fractional_max_pool
     out, rows, cols = fwd(*case.pool_args())
-    t_out, t_rows, t_cols = tf_fractional_pool(case.kind, case.x, case.ratio, case.pseudo_random,
-                                               case.overlapping, case.seed, case.seed2)
-    errs = {"fractional_pooling sequences": 0.0 if (torch.equal(rows, t_rows) and
-                                                    torch.equal(cols, t_cols)) else float("inf"),
-            f"fractional_{case.kind}_pool": _err(out, t_out)}
+    t_out, t_rows, t_cols = tf_fractional_pool(
+        case.kind, case.x, case.ratio, case.pseudo_random, case.overlapping, case.seed, case.seed2
+    )
+    errs = {
+        "fractional_pooling sequences": 0.0
+        if (torch.equal(rows, t_rows) and torch.equal(cols, t_cols))
+        else float("inf"),
+        f"fractional_{case.kind}_pool": _err(out, t_out),
+    }
     g = torch.Generator().manual_seed(dy_seed)
     dy = (torch.randn(out.shape, generator=g, dtype=torch.float64) * 40).to(case.x.dtype)
     if case.kind == "avg":
@@ -43,8 +57,6 @@ def check_case(case, dy_seed=0):
         theirs = tf_fractional_max_pool_grad(case.x, out, dy, rows, cols, case.overlapping)
     errs[f"fractional_{case.kind}_pool_grad"] = _err(ours, theirs)
     return errs
-
-
 
 
 def run(tf, n_cases, seed, log):

@@ -1,12 +1,16 @@
 """FusedBatchNorm family in the parity command."""
+
 import torch
 
 import torch_tfgrads as T
 
 from . import Row
 from .fused_batch_norm_cases import random_cases
-from .fused_batch_norm_tf import (tf_fused_batch_norm_grad_grad, tf_fused_batch_norm_grad_v3,
-                                  tf_fused_batch_norm_v3)
+from .fused_batch_norm_tf import (
+    tf_fused_batch_norm_grad_grad,
+    tf_fused_batch_norm_grad_v3,
+    tf_fused_batch_norm_v3,
+)
 
 OPS = ["fused_batch_norm_v3", "fused_batch_norm_grad_v3"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -15,8 +19,6 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 def _rel(a, b):
     a, b = a.double(), b.double()
     return 0.0 if b.numel() == 0 else ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
 
 
 def run(tf, n_cases, seed, log):
@@ -44,11 +46,16 @@ def run(tf, n_cases, seed, log):
             gg = torch.autograd.grad(outs[:3], [dy, x, sc], up)
             tgg = tf_fused_batch_norm_grad_grad(*gargs[:6], *up, *gargs[6:])
             note("gg", dt, max(_rel(a, b) for a, b in zip(gg, tgg)))
-    log(f"{sum(counts['fwd'].values())} forward, {sum(counts['bwd'].values())} grad, "
-        f"{sum(counts['gg'].values())} second-order cases")
+    log(
+        f"{sum(counts['fwd'].values())} forward, {sum(counts['bwd'].values())} grad, "
+        f"{sum(counts['gg'].values())} second-order cases"
+    )
     rows = []
-    names = {"fwd": "fused_batch_norm_v3", "bwd": "fused_batch_norm_grad_v3",
-             "gg": "fused_batch_norm_grad_v3 (2nd order)"}
+    names = {
+        "fwd": "fused_batch_norm_v3",
+        "bwd": "fused_batch_norm_grad_v3",
+        "gg": "fused_batch_norm_grad_v3 (2nd order)",
+    }
     for kind in ("fwd", "bwd", "gg"):
         for dt, err in sorted(worst[kind].items(), key=lambda kv: str(kv[0])):
             rows.append(Row(f"{names[kind]} [{str(dt)[6:]}]", counts[kind][dt], err, TOL[dt]))

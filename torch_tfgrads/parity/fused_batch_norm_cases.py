@@ -1,4 +1,5 @@
 """Randomised FusedBatchNorm cases, shared by the parity command and the TF parity tests."""
+
 import random
 from dataclasses import dataclass
 
@@ -26,8 +27,17 @@ class Case:
         return self.data_format.startswith("NC")
 
     def forward_args(self):
-        return (self.x, self.scale, self.offset, self.mean, self.variance, self.epsilon,
-                self.factor, self.data_format, self.training)
+        return (
+            self.x,
+            self.scale,
+            self.offset,
+            self.mean,
+            self.variance,
+            self.epsilon,
+            self.factor,
+            self.data_format,
+            self.training,
+        )
 
     def _gen(self, salt):
         return torch.Generator().manual_seed(self.seed * 7919 + salt)
@@ -37,10 +47,22 @@ class Case:
 
     def grad_args(self, forward_outputs):
         """Our grad op's arguments, as TF's registered gradient passes them."""
-        rs1, rs2 = ((forward_outputs[3], forward_outputs[4]) if self.training
-                    else (self.mean, self.variance))
-        return (self.y_backprop(), self.x, self.scale, rs1, rs2, forward_outputs[5], self.epsilon,
-                self.data_format, self.training)
+        rs1, rs2 = (
+            (forward_outputs[3], forward_outputs[4])
+            if self.training
+            else (self.mean, self.variance)
+        )
+        return (
+            self.y_backprop(),
+            self.x,
+            self.scale,
+            rs1,
+            rs2,
+            forward_outputs[5],
+            self.epsilon,
+            self.data_format,
+            self.training,
+        )
 
     def _nhwc_perm(self):
         return (0, 2, 3, 1) if self.x.dim() == 4 else (0, 2, 3, 4, 1)
@@ -64,8 +86,11 @@ class Case:
     def second_order_upstream(self):
         C = self.scale.shape[0]
         g = self._gen(2)
-        return (torch.randn(self.x.shape, generator=g).to(self.x.dtype),
-                torch.randn(C, generator=g), torch.randn(C, generator=g))
+        return (
+            torch.randn(self.x.shape, generator=g).to(self.x.dtype),
+            torch.randn(C, generator=g),
+            torch.randn(C, generator=g),
+        )
 
 
 def random_cases(n, seed=0, dtypes=(torch.float32, torch.float32, torch.float16, torch.bfloat16)):
@@ -87,7 +112,20 @@ def random_cases(n, seed=0, dtypes=(torch.float32, torch.float32, torch.float16,
         def vec(lo, hi):
             return torch.rand(C, generator=g) * (hi - lo) + lo
 
-        name = f"{i:02d}-{fmt}-{'x'.join(map(str, shape))}-{str(dtype)[6:]}-" \
-               f"{'train' if training else 'infer'}-f{factor}"
-        yield Case(name, x, vec(0.5, 1.5), vec(-1, 1), vec(-1, 1), vec(0.5, 2), eps, factor, fmt,
-                   training, seed * 1000 + i)
+        name = (
+            f"{i:02d}-{fmt}-{'x'.join(map(str, shape))}-{str(dtype)[6:]}-"
+            f"{'train' if training else 'infer'}-f{factor}"
+        )
+        yield Case(
+            name,
+            x,
+            vec(0.5, 1.5),
+            vec(-1, 1),
+            vec(-1, 1),
+            vec(0.5, 2),
+            eps,
+            factor,
+            fmt,
+            training,
+            seed * 1000 + i,
+        )

@@ -12,6 +12,7 @@ Every tensor's CRC-32C is checked; a missing, truncated or corrupted file raises
 `CheckpointError` naming the file and the key, and nothing is returned. Needs `protobuf`
 (`pip install torch_tfgrads[checkpoint]`), never TensorFlow. See docs/tf_checkpoint.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -102,15 +103,19 @@ def read_object_graph(prefix: Prefix) -> list[Node]:
     `CheckpointError` for a name-based checkpoint, which has no object graph."""
     bundle = Bundle(_prefix(prefix))
     if OBJECT_GRAPH_KEY not in bundle.entries:
-        raise CheckpointError(f"{bundle.index_path}: no {OBJECT_GRAPH_KEY} entry (a name-based "
-                              "checkpoint, e.g. from tf.compat.v1.train.Saver)")
+        raise CheckpointError(
+            f"{bundle.index_path}: no {OBJECT_GRAPH_KEY} entry (a name-based "
+            "checkpoint, e.g. from tf.compat.v1.train.Saver)"
+        )
     entry = bundle.entries[OBJECT_GRAPH_KEY]
     value = bundle.read_tensors([entry])[OBJECT_GRAPH_KEY]
     try:
         return parse_object_graph(value.reshape(-1)[0])
     except Exception as e:
-        raise CheckpointError(f"{bundle.data_path(entry.shard_id)}: key {OBJECT_GRAPH_KEY!r}: "
-                              f"not a TrackableObjectGraph ({e})") from None
+        raise CheckpointError(
+            f"{bundle.data_path(entry.shard_id)}: key {OBJECT_GRAPH_KEY!r}: "
+            f"not a TrackableObjectGraph ({e})"
+        ) from None
 
 
 def variable_names(prefix: Prefix) -> dict[str, str]:
@@ -128,8 +133,12 @@ def variable_paths(prefix: Prefix) -> dict[str, list[str]]:
     return {k: paths.get(node_id, []) for k, (node_id, _) in key_to_attribute(nodes).items()}
 
 
-def load_weights(module: torch.nn.Module, prefix: Prefix,
-                 name_map: Mapping[str, str] | None = None, strict: bool = True) -> list[str]:
+def load_weights(
+    module: torch.nn.Module,
+    prefix: Prefix,
+    name_map: Mapping[str, str] | None = None,
+    strict: bool = True,
+) -> list[str]:
     """Copy checkpoint tensors into `module`'s parameters and buffers; returns the names filled.
 
     `name_map` maps a state-dict name (e.g. "0.weight") to a checkpoint key or to a variable's
@@ -172,16 +181,17 @@ def load_weights(module: torch.nn.Module, prefix: Prefix,
             if key is not None:
                 plan[name] = key
             elif strict:
-                raise KeyError(f"load_weights: no tensor in {prefix} for {name!r}; pass "
-                               "name_map")
+                raise KeyError(f"load_weights: no tensor in {prefix} for {name!r}; pass name_map")
     tensors = read(prefix, sorted(set(plan.values())))
     for name, key in plan.items():
         src, dst = tensors[key], state[name]
         if not isinstance(src, torch.Tensor):
             raise TypeError(f"load_weights: {key!r} is a string tensor, not a weight")
         if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
-            raise ValueError(f"load_weights: {key!r} is {src.dtype}{list(src.shape)}, "
-                             f"{name!r} is {dst.dtype}{list(dst.shape)}")
+            raise ValueError(
+                f"load_weights: {key!r} is {src.dtype}{list(src.shape)}, "
+                f"{name!r} is {dst.dtype}{list(dst.shape)}"
+            )
     with torch.no_grad():
         for name, key in plan.items():
             state[name].copy_(tensors[key])

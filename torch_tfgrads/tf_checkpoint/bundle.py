@@ -10,6 +10,7 @@ of those lengths (taken over each length as a uint32, or a uint64 for an element
 then the elements' bytes; its entry's CRC covers the lengths in that form, the length checksum
 and the bytes.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,16 +47,36 @@ _DTYPES: dict[int, tuple[str, torch.dtype | None]] = {
     22: ("uint32", torch.uint32),
     23: ("uint64", torch.uint64),
 }
-for _num, _name in ((24, "float8_e5m2"), (25, "float8_e4m3fn"), (26, "float8_e4m3fnuz"),
-                    (28, "float8_e5m2fnuz")):
+for _num, _name in (
+    (24, "float8_e5m2"),
+    (25, "float8_e4m3fn"),
+    (26, "float8_e4m3fnuz"),
+    (28, "float8_e5m2fnuz"),
+):
     if hasattr(torch, _name):
         _DTYPES[_num] = (_name, getattr(torch, _name))
 # Quantized types are stored as their integer representation, and read back as that integer.
-_DTYPES.update({11: ("qint8", torch.int8), 12: ("quint8", torch.uint8), 13: ("qint32", torch.int32),
-                15: ("qint16", torch.int16), 16: ("quint16", torch.uint16)})
+_DTYPES.update(
+    {
+        11: ("qint8", torch.int8),
+        12: ("quint8", torch.uint8),
+        13: ("qint32", torch.int32),
+        15: ("qint16", torch.int16),
+        16: ("quint16", torch.uint16),
+    }
+)
 # Names of the other TF types, for messages only.
-_OTHER_DTYPES = {0: "invalid", 20: "resource", 21: "variant", 27: "float8_e4m3b11fnuz",
-                 29: "int4", 30: "uint4", 31: "int2", 32: "uint2", 33: "float4_e2m1fn"}
+_OTHER_DTYPES = {
+    0: "invalid",
+    20: "resource",
+    21: "variant",
+    27: "float8_e4m3b11fnuz",
+    29: "int4",
+    30: "uint4",
+    31: "int2",
+    32: "uint2",
+    33: "float4_e2m1fn",
+}
 
 
 class CheckpointError(ValueError):
@@ -116,10 +137,21 @@ def _decode_entry(key: str, value: bytes, index_path: str) -> Entry:
         raise CheckpointError(f"{index_path}: key {key!r}: corrupted entry ({e})") from None
     if proto.shape.unknown_rank or any(d.size < 0 for d in proto.shape.dim):
         raise CheckpointError(f"{index_path}: key {key!r}: entry has no fully known shape")
-    slices = tuple(tuple((e.start, e.length if e.HasField("length") else -1) for e in s.extent)
-                   for s in proto.slices)
-    return Entry(key, dtype_name(proto.dtype), proto.dtype, tuple(d.size for d in proto.shape.dim),
-                 proto.shard_id, proto.offset, proto.size, proto.crc32c, slices)
+    slices = tuple(
+        tuple((e.start, e.length if e.HasField("length") else -1) for e in s.extent)
+        for s in proto.slices
+    )
+    return Entry(
+        key,
+        dtype_name(proto.dtype),
+        proto.dtype,
+        tuple(d.size for d in proto.shape.dim),
+        proto.shard_id,
+        proto.offset,
+        proto.size,
+        proto.crc32c,
+        slices,
+    )
 
 
 class Bundle:
@@ -136,8 +168,9 @@ class Bundle:
             with open(self.index_path, "rb") as f:
                 data = f.read()
         except OSError as e:
-            raise CheckpointError(f"{self.index_path}: cannot read the index ({e.strerror})") \
-                from None
+            raise CheckpointError(
+                f"{self.index_path}: cannot read the index ({e.strerror})"
+            ) from None
         try:
             items = read_table(data, self.index_path)
         except TableError as e:
@@ -154,8 +187,10 @@ class Bundle:
             key = raw_key.decode("utf-8", errors="surrogateescape")
             entry = _decode_entry(key, value, self.index_path)
             if not 0 <= entry.shard_id < self.header.num_shards:
-                raise CheckpointError(f"{self.index_path}: key {key!r}: shard {entry.shard_id} "
-                                      f"of {self.header.num_shards}")
+                raise CheckpointError(
+                    f"{self.index_path}: key {key!r}: shard {entry.shard_id} "
+                    f"of {self.header.num_shards}"
+                )
             self.entries[key] = entry
 
     def _decode_header(self, value: bytes) -> Header:
@@ -166,14 +201,21 @@ class Bundle:
             raise CheckpointError(f"{self.index_path}: corrupted bundle header ({e})") from None
         v = proto.version
         if v.min_consumer > SUPPORTED_VERSION or SUPPORTED_VERSION in v.bad_consumers:
-            raise CheckpointError(f"{self.index_path}: bundle format version {v.producer} "
-                                  f"(min consumer {v.min_consumer}) is newer than this reader")
+            raise CheckpointError(
+                f"{self.index_path}: bundle format version {v.producer} "
+                f"(min consumer {v.min_consumer}) is newer than this reader"
+            )
         if proto.endianness not in (0, 1):
             raise CheckpointError(f"{self.index_path}: unknown byte order {proto.endianness}")
         if proto.num_shards < 1:
             raise CheckpointError(f"{self.index_path}: header says {proto.num_shards} shards")
-        return Header(proto.num_shards, "big" if proto.endianness == 1 else "little",
-                      v.producer, v.min_consumer, tuple(v.bad_consumers))
+        return Header(
+            proto.num_shards,
+            "big" if proto.endianness == 1 else "little",
+            v.producer,
+            v.min_consumer,
+            tuple(v.bad_consumers),
+        )
 
     def data_path(self, shard: int) -> str:
         return data_path(self.prefix, shard, self.header.num_shards)
@@ -187,24 +229,28 @@ class Bundle:
         for shard, group in sorted(by_shard.items()):
             path = self.data_path(shard)
             try:
-                f = open(path, "rb")
+                f = open(path, "rb")  # noqa: SIM115 (closed by the `with f` below)
             except OSError as err:
-                raise CheckpointError(f"{path}: cannot read the data shard needed for key "
-                                      f"{group[0].key!r} ({err.strerror})") from None
+                raise CheckpointError(
+                    f"{path}: cannot read the data shard needed for key "
+                    f"{group[0].key!r} ({err.strerror})"
+                ) from None
             with f:
                 file_size = os.fstat(f.fileno()).st_size
                 for e in sorted(group, key=lambda e: e.offset):
                     if e.offset < 0 or e.size < 0 or e.offset + e.size > file_size:
                         raise CheckpointError(
                             f"{path}: key {e.key!r}: bytes {e.offset}..{e.offset + e.size} lie "
-                            f"past the end of the file ({file_size} bytes; truncated?)")
+                            f"past the end of the file ({file_size} bytes; truncated?)"
+                        )
                     f.seek(e.offset)
                     buf = bytearray(e.size)  # decoded in place by torch.frombuffer, no copy
                     if f.readinto(buf) != e.size:
                         raise CheckpointError(f"{path}: key {e.key!r}: short read (truncated?)")
                     if e.dtype_enum != 7 and _crc.mask(_crc.crc32c(buf)) != e.crc32c:
-                        raise CheckpointError(f"{path}: key {e.key!r}: checksum mismatch "
-                                              "(corrupted data)")
+                        raise CheckpointError(
+                            f"{path}: key {e.key!r}: checksum mismatch (corrupted data)"
+                        )
                     out[e.key] = buf
         return out
 
@@ -214,16 +260,21 @@ class Bundle:
         for extents in entry.slices:
             raw_key = encode_slice_key(entry.key, extents)
             if raw_key not in self._slice_values:
-                raise CheckpointError(f"{self.index_path}: key {entry.key!r}: slice {extents} "
-                                      "is missing from the index")
-            sub = _decode_entry(f"{entry.key} (slice {list(extents)})",
-                                self._slice_values[raw_key], self.index_path)
+                raise CheckpointError(
+                    f"{self.index_path}: key {entry.key!r}: slice {extents} "
+                    "is missing from the index"
+                )
+            sub = _decode_entry(
+                f"{entry.key} (slice {list(extents)})", self._slice_values[raw_key], self.index_path
+            )
             if not 0 <= sub.shard_id < self.header.num_shards:
                 raise CheckpointError(f"{self.index_path}: key {sub.key!r}: shard {sub.shard_id}")
             want = tuple(d if n == -1 else n for (_, n), d in zip(extents, entry.shape))
             if sub.dtype_enum != entry.dtype_enum or sub.shape != want:
-                raise CheckpointError(f"{self.index_path}: key {sub.key!r}: {sub.dtype}"
-                                      f"{list(sub.shape)} does not fit the tensor")
+                raise CheckpointError(
+                    f"{self.index_path}: key {sub.key!r}: {sub.dtype}"
+                    f"{list(sub.shape)} does not fit the tensor"
+                )
             out.append((extents, sub))
         return out
 
@@ -242,8 +293,9 @@ class Bundle:
                 out[e.key] = self.decode(e, raw[e.key])
                 continue
             if e.dtype_enum == 7:
-                raise CheckpointError(f"{self.index_path}: key {e.key!r}: sliced string tensors "
-                                      "are not supported")
+                raise CheckpointError(
+                    f"{self.index_path}: key {e.key!r}: sliced string tensors are not supported"
+                )
             full = torch.zeros(e.shape, dtype=self.decode(parts[0][1], raw[parts[0][1].key]).dtype)
             covered = torch.zeros(e.shape, dtype=torch.bool)
             for extents, sub in parts:
@@ -251,8 +303,9 @@ class Bundle:
                 full[index] = self.decode(sub, raw[sub.key])
                 covered[index] = True
             if not bool(covered.all()):
-                raise CheckpointError(f"{self.index_path}: key {e.key!r}: its slices do not cover "
-                                      "the tensor")
+                raise CheckpointError(
+                    f"{self.index_path}: key {e.key!r}: its slices do not cover the tensor"
+                )
             out[e.key] = full
         return out
 
@@ -267,8 +320,9 @@ class Bundle:
         dtype = _DTYPES[entry.dtype_enum][1]
         itemsize = torch.empty((), dtype=dtype).element_size()
         if entry.size != entry.numel * itemsize:
-            raise CheckpointError(f"{where}: {entry.size} bytes for {entry.numel} elements of "
-                                  f"{entry.dtype}")
+            raise CheckpointError(
+                f"{where}: {entry.size} bytes for {entry.numel} elements of {entry.dtype}"
+            )
         if entry.numel == 0:
             return torch.empty(entry.shape, dtype=dtype)
         t = torch.frombuffer(buf, dtype=torch.uint8)
@@ -293,11 +347,10 @@ def _decode_strings(entry: Entry, buf: bytearray, where: str) -> np.ndarray:
                 break
         lengths.append(length)
     # Each length enters the checksum as a little-endian uint32 (uint64 beyond 4 GiB).
-    crc = _crc.crc32c(b"".join(struct.pack("<I" if x <= 0xFFFFFFFF else "<Q", x)
-                               for x in lengths))
+    crc = _crc.crc32c(b"".join(struct.pack("<I" if x <= 0xFFFFFFFF else "<Q", x) for x in lengths))
     if pos + 4 > len(buf):
         raise CheckpointError(f"{where}: truncated string tensor")
-    stored_len_crc = buf[pos:pos + 4]
+    stored_len_crc = buf[pos : pos + 4]
     crc = _crc.extend(crc, stored_len_crc)
     pos += 4
     if sum(lengths) != len(buf) - pos:
@@ -307,7 +360,7 @@ def _decode_strings(entry: Entry, buf: bytearray, where: str) -> np.ndarray:
         raise CheckpointError(f"{where}: checksum mismatch (corrupted data)")
     out = np.empty(n, dtype=object)
     for i, length in enumerate(lengths):
-        out[i] = bytes(buf[pos:pos + length])
+        out[i] = bytes(buf[pos : pos + length])
         pos += length
     return out.reshape(entry.shape)
 

@@ -8,6 +8,7 @@ effect of n zero bytes on the register) is a 32x32 bit matrix computed the same 
 way. The result is the standard CRC-32C (init and final xor 0xFFFFFFFF); `extend` continues
 one the way TensorFlow's `crc32c::Extend` does.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -91,7 +92,7 @@ def _raw(reg: int, data: bytes | bytearray | memoryview) -> int:
     # register unchanged, so they do not alter the chained result.
     cols = np.zeros((_LANE // 2, width), dtype=np.uint16)
     body = buf[: lanes * _LANE].view("<u2").reshape(lanes, _LANE // 2)
-    cols[:, width - lanes:] = body.T
+    cols[:, width - lanes :] = body.T
     # A start register equals xoring it (little-endian) into the first 4 bytes with a zero start.
     cols[:2, width - lanes] ^= np.array([reg & 0xFFFF, reg >> 16], dtype=np.uint16)
     crcs = _raw_lanes(np.zeros(width, dtype=np.uint32), cols)
@@ -99,7 +100,7 @@ def _raw(reg: int, data: bytes | bytearray | memoryview) -> int:
     while crcs.size > 1:  # crc(A + B) = shift_len(B)(crc(A)) ^ crc(B), pairwise
         crcs = _apply(shift, crcs[0::2]) ^ crcs[1::2]
         shift = _apply(shift, shift)
-    return _raw_small(int(crcs[0]), buf[lanes * _LANE:].tobytes())
+    return _raw_small(int(crcs[0]), buf[lanes * _LANE :].tobytes())
 
 
 def extend(crc: int, data: bytes | bytearray | memoryview) -> int:

@@ -8,6 +8,7 @@ key under which the tensor is stored) and the optimizer slot variables that belo
 checkpoint key is the first path to the object that a breadth-first walk from the root finds,
 followed by `/.ATTRIBUTES/<attribute name>`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,16 +47,22 @@ def parse_object_graph(serialized: bytes) -> list[Node]:
     proto.ParseFromString(serialized)
     nodes = []
     for i, n in enumerate(proto.nodes):
-        nodes.append(Node(
-            id=i,
-            children=tuple((c.local_name, c.node_id) for c in n.children),
-            attributes=tuple(Attribute(a.name, a.full_name, a.checkpoint_key)
-                             for a in n.attributes),
-            slot_variables=tuple(SlotVariable(s.original_variable_node_id, s.slot_name,
-                                              s.slot_variable_node_id)
-                                 for s in n.slot_variables),
-            registered_saver=n.registered_saver.name if n.HasField("registered_saver") else None,
-        ))
+        nodes.append(
+            Node(
+                id=i,
+                children=tuple((c.local_name, c.node_id) for c in n.children),
+                attributes=tuple(
+                    Attribute(a.name, a.full_name, a.checkpoint_key) for a in n.attributes
+                ),
+                slot_variables=tuple(
+                    SlotVariable(s.original_variable_node_id, s.slot_name, s.slot_variable_node_id)
+                    for s in n.slot_variables
+                ),
+                registered_saver=n.registered_saver.name
+                if n.HasField("registered_saver")
+                else None,
+            )
+        )
     return nodes
 
 

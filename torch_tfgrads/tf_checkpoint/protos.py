@@ -8,6 +8,7 @@ versions.proto, trackable_object_graph.proto); enums (`DataType`, `Endianness`) 
 `int32`, which has the same varint encoding, so unknown future enum values still decode. The
 test suite checks every field against TensorFlow's generated descriptors.
 """
+
 from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -72,12 +73,27 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str | None]]] = {
         ("slot_variable_node_id", 3, _F.TYPE_INT32, _OPT, None),
     ],
     "TrackableObjectGraph.TrackableObject": [
-        ("children", 1, _F.TYPE_MESSAGE, _REP,
-         "TrackableObjectGraph.TrackableObject.ObjectReference"),
-        ("attributes", 2, _F.TYPE_MESSAGE, _REP,
-         "TrackableObjectGraph.TrackableObject.SerializedTensor"),
-        ("slot_variables", 3, _F.TYPE_MESSAGE, _REP,
-         "TrackableObjectGraph.TrackableObject.SlotVariableReference"),
+        (
+            "children",
+            1,
+            _F.TYPE_MESSAGE,
+            _REP,
+            "TrackableObjectGraph.TrackableObject.ObjectReference",
+        ),
+        (
+            "attributes",
+            2,
+            _F.TYPE_MESSAGE,
+            _REP,
+            "TrackableObjectGraph.TrackableObject.SerializedTensor",
+        ),
+        (
+            "slot_variables",
+            3,
+            _F.TYPE_MESSAGE,
+            _REP,
+            "TrackableObjectGraph.TrackableObject.SlotVariableReference",
+        ),
         ("registered_saver", 4, _F.TYPE_MESSAGE, _OPT, "RegisteredSaver"),
         ("has_checkpoint_values", 5, _F.TYPE_MESSAGE, _OPT, "BoolValue"),
     ],

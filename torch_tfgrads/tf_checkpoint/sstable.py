@@ -16,6 +16,7 @@ Layout (all integers little-endian, varints are LEB128):
 * a 48-byte footer: the metaindex and index handles, zero padding to 40 bytes, and the magic
   number 0xdb4775248b80fb57 (as two uint32, low half first).
 """
+
 from __future__ import annotations
 
 import struct
@@ -68,12 +69,12 @@ def snappy_decompress(data: bytes) -> bytes:
                 nbytes = length - 59
                 if pos + nbytes > end:
                     raise TableError("truncated snappy literal")
-                length = int.from_bytes(data[pos:pos + nbytes], "little")
+                length = int.from_bytes(data[pos : pos + nbytes], "little")
                 pos += nbytes
             length += 1
             if pos + length > end:
                 raise TableError("truncated snappy literal")
-            out += data[pos:pos + length]
+            out += data[pos : pos + length]
             pos += length
             continue
         if kind == 1:  # copy with 1-byte offset
@@ -87,7 +88,7 @@ def snappy_decompress(data: bytes) -> bytes:
             if pos + nbytes > end:
                 raise TableError("truncated snappy copy")
             length = (tag >> 2) + 1
-            offset = int.from_bytes(data[pos:pos + nbytes], "little")
+            offset = int.from_bytes(data[pos : pos + nbytes], "little")
             pos += nbytes
         if offset == 0 or offset > len(out):
             raise TableError("bad snappy copy offset")
@@ -102,9 +103,10 @@ def snappy_decompress(data: bytes) -> bytes:
 def _read_block(data: bytes, handle: tuple[int, int], what: str) -> bytes:
     offset, size = handle
     if offset + size + _TRAILER > len(data) - FOOTER_SIZE:
-        raise TableError(f"{what} at {offset} (+{size} bytes) runs past the end of the table "
-                         "(truncated file?)")
-    block = data[offset:offset + size]
+        raise TableError(
+            f"{what} at {offset} (+{size} bytes) runs past the end of the table (truncated file?)"
+        )
+    block = data[offset : offset + size]
     ctype = data[offset + size]
     (stored,) = struct.unpack_from("<I", data, offset + size + 1)
     if _crc.mask(_crc.extend(_crc.crc32c(block), bytes([ctype]))) != stored:
@@ -130,9 +132,9 @@ def _block_entries(block: bytes, what: str) -> Iterator[tuple[bytes, bytes]]:
         value_len, pos = _varint(block, pos, limit, what)
         if shared > len(key) or pos + non_shared + value_len > limit:
             raise TableError(f"{what} has a corrupted entry at byte {pos}")
-        key = key[:shared] + block[pos:pos + non_shared]
+        key = key[:shared] + block[pos : pos + non_shared]
         pos += non_shared
-        yield key, block[pos:pos + value_len]
+        yield key, block[pos : pos + value_len]
         pos += value_len
 
 
