@@ -3,7 +3,10 @@
 to and from TF canonical weights, Keras LSTM/GRU/SimpleRNN weights and torch.nn.LSTM/GRU/RNN.
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -44,19 +47,19 @@ class _CudnnRNN(torch.nn.Module):
     # TF infers the input size on the first call, here it is a required keyword.
     def __init__(
         self,
-        num_layers,
-        num_units,
-        input_mode="linear_input",
-        direction="unidirectional",
-        dropout=0.0,
-        seed=None,
+        num_layers: int,
+        num_units: int,
+        input_mode: str = "linear_input",
+        direction: str = "unidirectional",
+        dropout: float = 0.0,
+        seed: int | None = None,
         *,
-        input_size,
-        time_major=True,
-        num_proj=0,
-        device=None,
-        dtype=None,
-    ):
+        input_size: int,
+        time_major: bool = True,
+        num_proj: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         self._cfg = RnnConfig(
@@ -90,7 +93,7 @@ class _CudnnRNN(torch.nn.Module):
         w, b = self._cfg.canonical_shapes()
         return len(w), len(b)
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """TF's defaults for these layers: Glorot-uniform matrices, zero biases."""
         w_shapes, b_shapes = self._cfg.canonical_shapes()
         like = dict(dtype=self.params.dtype, device=self.params.device)
@@ -101,7 +104,7 @@ class _CudnnRNN(torch.nn.Module):
         self.set_canonical_weights(weights, [torch.zeros(s, **like) for s in b_shapes])
 
     # ---- TF canonical weights ------------------------------------------------------------------
-    def canonical_weights(self):
+    def canonical_weights(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``(weights, biases)`` in TF's canonical order (`CudnnRNNParamsToCanonicalV2`);
         differentiable w.r.t. ``params``."""
         return cudnn_rnn_params_to_canonical_v2(
@@ -115,7 +118,9 @@ class _CudnnRNN(torch.nn.Module):
         )
 
     @torch.no_grad()
-    def set_canonical_weights(self, weights, biases):
+    def set_canonical_weights(
+        self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]
+    ) -> None:
         """Loads TF canonical weights/biases (e.g. from a TF checkpoint's saveable)."""
         like = dict(dtype=self.params.dtype, device=self.params.device)
         flat = cudnn_rnn_canonical_to_params_v2(
@@ -130,7 +135,12 @@ class _CudnnRNN(torch.nn.Module):
         self.params.copy_(flat)
 
     # ---- the forward --------------------------------------------------------------------------
-    def forward(self, inputs, initial_state=None, sequence_lengths=None):
+    def forward(
+        self,
+        inputs: torch.Tensor,
+        initial_state: tuple[torch.Tensor, ...] | None = None,
+        sequence_lengths: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Returns ``(outputs, (h,))`` or, for LSTM, ``(outputs, (h, c))`` like TF's layers.
 
         ``inputs`` ``[T, B, I]`` (``[B, T, I]`` with ``time_major=False``); ``initial_state`` a

@@ -1,5 +1,7 @@
 """Keras-style DepthwiseConv2D over our op, with the filter in TF's layout."""
 
+from __future__ import annotations
+
 import math
 import operator
 
@@ -46,17 +48,17 @@ class DepthwiseConv2d(torch.nn.Module):
 
     def __init__(
         self,
-        in_channels,
-        kernel_size,
-        strides=1,
-        padding="valid",
-        depth_multiplier=1,
-        data_format="channels_last",
-        dilation_rate=1,
-        use_bias=True,
-        device=None,
-        dtype=None,
-    ):
+        in_channels: int,
+        kernel_size: int | tuple[int, int],
+        strides: int | tuple[int, int] = 1,
+        padding: str = "valid",
+        depth_multiplier: int = 1,
+        data_format: str = "channels_last",
+        dilation_rate: int | tuple[int, int] = 1,
+        use_bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if data_format not in ("channels_last", "channels_first"):
             raise ValueError(
@@ -85,7 +87,7 @@ class DepthwiseConv2d(torch.nn.Module):
         )
         self.reset_parameters()
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         kh, kw = self.kernel_size
         fan_in = kh * kw * self.in_channels
         fan_out = kh * kw * self.depth_multiplier
@@ -129,7 +131,7 @@ class DepthwiseConv2d(torch.nn.Module):
             ),
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         fmt = "NCHW" if self.data_format == "channels_first" else "NHWC"
         y = depthwise_conv2d_native(

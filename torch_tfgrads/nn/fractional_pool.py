@@ -1,5 +1,9 @@
 """Fractional average/max pooling modules with TF's arguments (NHWC), over our ops."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import torch
 
 from ..ops import fractional_avg_pool, fractional_max_pool
@@ -35,13 +39,13 @@ class _FractionalPool2d(torch.nn.Module):
 
     def __init__(
         self,
-        pooling_ratio,
-        pseudo_random=False,
-        overlapping=False,
-        deterministic=False,
-        seed=0,
-        seed2=0,
-    ):
+        pooling_ratio: float | Sequence[float],
+        pseudo_random: bool = False,
+        overlapping: bool = False,
+        deterministic: bool = False,
+        seed: int = 0,
+        seed2: int = 0,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         self.pooling_ratio = _ratio4(name, pooling_ratio)
@@ -67,7 +71,7 @@ class _FractionalPool2d(torch.nn.Module):
             f"overlapping={self.overlapping}, deterministic={self.deterministic}"
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input(
             x.dim() == 4,
             lambda: (
