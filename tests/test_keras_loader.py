@@ -64,8 +64,10 @@ def _keras_run(tf, model, inputs, training, seeds):
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         loss = sum(tf.reduce_sum(o * s) for o, s in zip(outs, seeds))
     grads = tape.gradient(loss, model.trainable_weights)
+    prefix = model.name + "/"  # Sequential puts its own name in front of the variable paths
     return ([o.numpy() for o in outs],
-            {v.path: g.numpy() for v, g in zip(model.trainable_weights, grads)})
+            {v.path.removeprefix(prefix): tf.convert_to_tensor(g).numpy()
+             for v, g in zip(model.trainable_weights, grads)})
 
 
 def _torch_run(module, inputs, training, seeds):
@@ -114,7 +116,8 @@ def _compare(tf, kmodel, module, inputs, tol_fwd, tol_grad, seed=1, modes=(False
     stats = [v for v in kmodel.non_trainable_weights if "moving" in v.path]
     if stats and True in modes:
         errs["moving statistics"] = max(
-            rel_err(_var(module, v.path), torch.from_numpy(v.numpy())) for v in stats)
+            rel_err(_var(module, v.path.removeprefix(kmodel.name + "/")),
+                    torch.from_numpy(v.numpy())) for v in stats)
         assert errs["moving statistics"] <= tol_fwd, errs
     return errs
 
@@ -434,3 +437,51 @@ def test_nested_model_and_state_dict_names(tf, keras, tmp_path):
         got = module(*[torch.from_numpy(v) for v in x])
         errs[training] = max(rel_err(g, torch.from_numpy(w.numpy())) for g, w in zip(got, want))
     assert max(errs.values()) <= 1e-5, errs
+
+
+def _sequential_1d(keras):
+    L = keras.layers
+    return keras.Sequential([
+        L.Input((11,), dtype="int32"),
+        L.Embedding(20, 6, name="emb"),
+        L.Conv1D(4, 3, padding="causal", dilation_rate=2, activation="relu", name="c1"),
+        L.Conv1D(6, 3, strides=2, padding="same", groups=2, name="c2"),
+        L.LayerNormalization(name="ln"),
+        L.MaxPooling1D(2, padding="same", name="mp"),
+        L.AveragePooling1D(2, strides=1, padding="same", name="ap"),
+        L.SpatialDropout1D(0.0, name="sd"),
+        L.Permute((2, 1), name="perm"),
+        L.Reshape((3, -1), name="rs"),
+        L.GlobalMaxPooling1D(name="gmp"),
+        L.Dense(4, activation="tanh", name="out"),
+    ], name="seq1d")
+
+
+def _sequential_2d(keras):
+    L = keras.layers
+    return keras.Sequential([
+        L.Input((7, 6, 3)),
+        L.SeparableConv2D(4, 3, padding="same", depth_multiplier=2, name="sep"),
+        L.Cropping2D(((1, 0), (0, 2)), name="crop"),
+        L.UpSampling2D((2, 1), name="up"),
+        L.BatchNormalization(center=False, name="bn_noc"),
+        L.DepthwiseConv2D(2, strides=2, dilation_rate=1, use_bias=False, name="dw"),
+        L.BatchNormalization(scale=False, momentum=0.5, epsilon=1e-2, name="bn_nos"),
+        L.Conv2D(4, 2, dilation_rate=2, padding="same", name="dil"),
+        L.GlobalAveragePooling2D(name="gap"),
+        L.Dense(3, name="out"),
+    ], name="seq2d")
+
+
+@pytest.mark.parametrize("build", [_sequential_1d, _sequential_2d])
+@pytest.mark.parametrize("ext", ["keras", "h5"])
+def test_sequential_float64(tf, keras, floatx, tmp_path, build, ext):
+    floatx("float64")
+    kmodel = build(keras)
+    _randomize(kmodel, seed=7)
+    module = load_model(_save(kmodel, tmp_path, ext))
+    rng = np.random.default_rng(8)
+    shape = (3,) + tuple(kmodel.inputs[0].shape[1:])
+    x = (rng.integers(0, 20, size=shape).astype(np.int32) if build is _sequential_1d
+         else rng.normal(size=shape))
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12)

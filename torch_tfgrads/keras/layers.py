@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..nn import DepthwiseConv2d, FusedBatchNorm
+from ..ops import depthwise_conv2d_native
 from .activations import ACTIVATIONS, check_activation
 from .archive import KerasLoadError
 
@@ -228,7 +229,9 @@ class SeparableConv2D(DepthwiseConv2D):
         self.activation = check_activation(cfg.get("activation"), ctx.name)
 
     def forward(self, x):
-        y = DepthwiseConv2d.forward(self, x)
+        self._check_input(x)
+        y = depthwise_conv2d_native(x, self.depthwise_kernel, self._attr4(self.strides),
+                                    self.padding, [], "NHWC", self._attr4(self.dilation_rate))
         w = self.pointwise_kernel.permute(3, 2, 0, 1)
         y = F.conv2d(y.movedim(-1, 1), w).movedim(1, -1)
         if self.bias is not None:
