@@ -119,6 +119,7 @@ def _compare(tf, kmodel, module, inputs, tol_fwd, tol_grad, seed=1, modes=(False
             rel_err(_var(module, v.path.removeprefix(kmodel.name + "/")),
                     torch.from_numpy(v.numpy())) for v in stats)
         assert errs["moving statistics"] <= tol_fwd, errs
+    print(f"errors {kmodel.name} {inputs[0].dtype}:", {k: f"{v:.1e}" for k, v in errs.items()})
     return errs
 
 
