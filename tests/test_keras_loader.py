@@ -486,3 +486,81 @@ def test_sequential_float64(tf, keras, floatx, tmp_path, build, ext):
     x = (rng.integers(0, 20, size=shape).astype(np.int32) if build is _sequential_1d
          else rng.normal(size=shape))
     _compare(tf, kmodel, module, [x], 1e-12, 1e-12)
+
+
+def test_frozen_batch_norm_pickle_and_keras2_hard_sigmoid(keras, tmp_path):
+    """trainable=False: frozen parameters, moving statistics in training (Keras 3); the module
+    pickles; a file written by Keras 2 gets Keras 2's hard_sigmoid."""
+    L = keras.layers
+    inp = L.Input((4, 4, 3))
+    bn = L.BatchNormalization(name="bn")
+    x = L.Conv2D(2, 1, name="c")(bn(inp))
+    kmodel = keras.Model(inp, L.Activation("hard_sigmoid", name="hs")(x))
+    bn.trainable = False
+    _randomize(kmodel)
+    module = load_model(_save(kmodel, tmp_path, "keras")).train()
+    assert [n for n, p in module.named_parameters() if not p.requires_grad] == ["bn.gamma",
+                                                                               "bn.beta"]
+    x = torch.randn(2, 4, 4, 3)
+    y = module(x)
+    assert rel_err(y, torch.from_numpy(kmodel(x.numpy(), training=True).numpy())) <= 1e-6
+    path = tmp_path / "module.pt"
+    torch.save(module, path)
+    assert torch.equal(torch.load(path, weights_only=False)(x), y)
+    h5 = _save(kmodel, tmp_path, "h5")
+    with h5py.File(h5, "r+") as f:
+        f.attrs["keras_version"] = "2.15.0"
+    old = load_model(h5)
+    t = torch.tensor([-3.0, -2.5, 0.0, 1.0, 2.5, 3.0])
+    assert old.hs.activation == "hard_sigmoid_keras2"
+    from torch_tfgrads.keras.activations import ACTIVATIONS
+    assert torch.equal(ACTIVATIONS[old.hs.activation](t), torch.clamp(0.2 * t + 0.5, 0, 1))
+
+
+def _to_keras2_nodes(layer):
+    """Rewrite a Keras 3 layer entry's inbound_nodes into Keras 2's list form."""
+    nodes = []
+    for node in layer["inbound_nodes"]:
+        args = node["args"][0]
+        tensors = args if isinstance(args, list) else [args]
+        nodes.append([list(t["config"]["keras_history"]) + [{}] for t in tensors])
+    layer["inbound_nodes"] = nodes
+
+
+def test_keras2_legacy_h5_format(tf, keras, floatx, tmp_path):
+    """A legacy .h5 in tf-keras's form (Keras 2 node lists, ':0' weight names, keras_version
+    2.x, DepthwiseConv2D's depthwise_kernel) loads; the fused batch norms use Bessel's rule."""
+    floatx("float64")
+    L = keras.layers
+    inp = L.Input((5, 5, 2), name="input_1")
+    x = L.Conv2D(4, 3, strides=2, padding="same", name="conv")(inp)
+    x = L.BatchNormalization(name="bn")(x)
+    y = L.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    x = L.Add(name="add")([x, y])
+    kmodel = keras.Model(inp, L.Dense(2, name="out")(L.Flatten(name="flat")(x)))
+    _randomize(kmodel)
+    path = _save(kmodel, tmp_path, "h5")
+    with h5py.File(path, "r+") as f:
+        cfg = json.loads(f.attrs["model_config"])
+        for layer in cfg["config"]["layers"]:
+            _to_keras2_nodes(layer)
+        f.attrs["model_config"] = json.dumps(cfg)
+        f.attrs["keras_version"] = "2.15.0"
+        for name in ("conv", "bn", "dw", "out"):
+            g = f["model_weights"][name]
+            new = []
+            for w in g.attrs["weight_names"]:
+                w = w.decode() if isinstance(w, bytes) else str(w)
+                leaf = "depthwise_kernel" if name == "dw" and w.endswith("kernel") else \
+                    w.split("/")[-1]
+                g.move(w, f"{name}/{leaf}:0")
+                new.append(f"{name}/{leaf}:0".encode())
+            g.attrs["weight_names"] = new
+    module = load_model(path)
+    assert "dw.depthwise_kernel" in module.state_dict()
+    x = np.random.default_rng(1).normal(size=(4, 5, 5, 2))
+    for training in (False, True):
+        module.train(training)
+        got = module(torch.from_numpy(x))
+        assert rel_err(got, torch.from_numpy(kmodel(x, training=training).numpy())) <= 1e-12
+    assert module.bn.moving_variance_rule == "bessel"

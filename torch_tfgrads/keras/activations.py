@@ -19,6 +19,11 @@ def hard_sigmoid(x):
     return _relu6(x + 3.0) / 6.0
 
 
+def hard_sigmoid_keras2(x):
+    # tf-keras (Keras 2): clip(0.2 * x + 0.5, 0, 1), tf.clip_by_value's gradient (as clamp's)
+    return torch.clamp(x * 0.2 + 0.5, 0.0, 1.0)
+
+
 def gelu(x):
     # tf.nn.gelu(approximate=False): erfc keeps the precision for large negative x that
     # 1 + erf(...) (torch's F.gelu) loses
@@ -48,6 +53,7 @@ ACTIVATIONS = {
     "exponential": torch.exp,
     "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
     "hard_sigmoid": hard_sigmoid,
+    "hard_sigmoid_keras2": hard_sigmoid_keras2,
     "hard_silu": lambda x: x * hard_sigmoid(x),
     "hard_swish": lambda x: x * hard_sigmoid(x),
     "mish": lambda x: x * torch.tanh(F.softplus(x)),
@@ -71,10 +77,13 @@ def activation_name(spec):
     return repr(spec)
 
 
-def check_activation(spec, layer):
-    """The activation's name, refused by name if unsupported (modules store names, so pickle)."""
+def check_activation(spec, layer, keras_major=3):
+    """The activation's name, refused by name if unsupported (modules store names, so pickle).
+    Files written by Keras 2 get its hard_sigmoid, which is another function."""
     from .archive import KerasLoadError
     name = activation_name(spec)
+    if name == "hard_sigmoid" and keras_major < 3:
+        return "hard_sigmoid_keras2"
     if name in ACTIVATIONS:
         return name
     else:

@@ -159,7 +159,7 @@ class Conv(KerasLayer):
         self.padding = cfg.get("padding", "valid").lower()
         if self.padding not in ("valid", "same", "causal"):
             raise ctx.fail(f"padding={self.padding!r} is not supported")
-        self.activation = check_activation(cfg.get("activation"), ctx.name)
+        self.activation = check_activation(cfg.get("activation"), ctx.name, ctx.keras_major)
 
     def forward(self, x):
         r = self.rank
@@ -206,7 +206,7 @@ class DepthwiseConv2D(_Renamed, DepthwiseConv2d):
         self._rename([("depthwise_kernel", kname)])
         self.keras_class = ctx.class_name
         self.keras_variables = tuple(names)
-        self.activation = check_activation(cfg.get("activation"), ctx.name)
+        self.activation = check_activation(cfg.get("activation"), ctx.name, ctx.keras_major)
 
     def forward(self, x):
         return ACTIVATIONS[self.activation](super().forward(x))
@@ -226,7 +226,7 @@ class SeparableConv2D(DepthwiseConv2D):
         self.pointwise_kernel = _param(arrays[1])
         self.bias = _param(arrays[2]) if use_bias else None
         self.keras_variables = tuple(names)
-        self.activation = check_activation(cfg.get("activation"), ctx.name)
+        self.activation = check_activation(cfg.get("activation"), ctx.name, ctx.keras_major)
 
     def forward(self, x):
         self._check_input(x)
@@ -249,7 +249,7 @@ class Dense(KerasLayer):
         self.kernel = _param(arrays[0])
         self.bias = _param(arrays[1]) if len(arrays) > 1 else None
         self.keras_variables = tuple(names)
-        self.activation = check_activation(cfg.get("activation"), ctx.name)
+        self.activation = check_activation(cfg.get("activation"), ctx.name, ctx.keras_major)
 
     def forward(self, x):
         y = torch.matmul(x, self.kernel)
@@ -359,7 +359,7 @@ class Activation(KerasLayer):
     def __init__(self, cfg, ctx):
         super().__init__(ctx.class_name)
         ctx.take([])
-        self.activation = check_activation(cfg.get("activation"), ctx.name)
+        self.activation = check_activation(cfg.get("activation"), ctx.name, ctx.keras_major)
 
     def forward(self, x):
         return ACTIVATIONS[self.activation](x)
