@@ -564,3 +564,21 @@ def test_keras2_legacy_h5_format(tf, keras, floatx, tmp_path):
         got = module(torch.from_numpy(x))
         assert rel_err(got, torch.from_numpy(kmodel(x, training=training).numpy())) <= 1e-12
     assert module.bn.moving_variance_rule == "bessel"
+
+
+def test_normalization_and_prelu_float64(tf, keras, floatx, tmp_path):
+    floatx("float64")
+    L = keras.layers
+    rng = np.random.default_rng(11)
+    inp = L.Input((3, 4))
+    adapted = L.Normalization(name="norm")
+    adapted.adapt(rng.normal(2.0, 3.0, size=(50, 3, 4)))
+    x = adapted(inp)
+    x = L.PReLU(shared_axes=[1], name="prelu")(x)
+    x = L.Normalization(mean=[0.5, -1.0, 0.0, 2.0], variance=[4.0, 1.0, 0.0, 0.25],
+                        name="fixed")(x)
+    x = L.Normalization(mean=1.5, variance=2.0, invert=True, axis=None, name="inv")(x)
+    kmodel = keras.Model(inp, L.Dense(2, name="d")(x))
+    kmodel.get_layer("prelu").alpha.assign(rng.uniform(0.1, 0.5, size=(1, 4)))
+    module = load_model(_save(kmodel, tmp_path, "keras"))
+    _compare(tf, kmodel, module, [rng.normal(size=(5, 3, 4))], 1e-12, 1e-12)

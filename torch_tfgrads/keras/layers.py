@@ -89,7 +89,7 @@ def assign(module, arrays, layer):
                                  f", the file has {list(a.shape)}")
     with torch.no_grad():
         for t, a in zip(targets, arrays):
-            t.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+            t.copy_(torch.from_numpy(np.array(a)))  # (ascontiguousarray makes 0-d 1-d)
 
 
 class KerasLayer(torch.nn.Module):
@@ -631,6 +631,50 @@ class Embedding(KerasLayer):
         return F.embedding(x.long(), self.embeddings)
 
 
+class Normalization(KerasLayer):
+    """keras.layers.Normalization over the last axis (or all, ``axis=None``): ``(x - mean) /
+    max(sqrt(variance), 1e-7)``, or the inverse with ``invert=True``. Adapted statistics are the
+    buffers ``mean``, ``variance``, ``count``; statistics given in the config are constants."""
+
+    def __init__(self, cfg, ctx):
+        super().__init__(ctx.class_name)
+        axis = cfg.get("axis", -1)
+        if isinstance(axis, (list, tuple)):  # Keras saves axis=None as []
+            axis = axis[0] if len(axis) == 1 else (None if not axis else axis)
+        if axis not in (-1, None):
+            raise ctx.fail(f"axis={cfg.get('axis')!r}: only the last axis (or None) is supported")
+        self.invert = bool(cfg.get("invert", False))
+        if cfg.get("mean") is not None:
+            ctx.take([])
+            dt = torch.get_default_dtype()
+            self.register_buffer("mean", torch.tensor(cfg["mean"], dtype=dt).reshape(-1))
+            self.register_buffer("variance", torch.tensor(cfg["variance"], dtype=dt).reshape(-1))
+            self.keras_variables = ()
+        else:
+            mean, var, count = ctx.take(["mean", "variance", "count"])
+            self.register_buffer("mean", torch.from_numpy(mean.copy()))
+            self.register_buffer("variance", torch.from_numpy(var.copy()))
+            self.register_buffer("count", torch.from_numpy(np.asarray(count).copy()))
+            self.keras_variables = ("mean", "variance", "count")
+
+    def forward(self, x):
+        mean, var = self.mean.to(x.dtype), self.variance.to(x.dtype)
+        std = torch.clamp_min(torch.sqrt(var), 1e-7)
+        return mean + x * std if self.invert else (x - mean) / std
+
+
+class PReLU(KerasLayer):
+    keras_variables = ("alpha",)
+
+    def __init__(self, cfg, ctx):
+        super().__init__(ctx.class_name)
+        (alpha,) = ctx.take(["alpha"])
+        self.alpha = _param(alpha)
+
+    def forward(self, x):
+        return F.relu(x) + (-self.alpha) * F.relu(-x)  # Keras: relu(x) + -alpha * relu(-x)
+
+
 def _conv(rank):
     return lambda cfg, ctx: Conv(cfg, ctx, rank)
 
@@ -672,6 +716,8 @@ CONVERTERS = {
     "Rescaling": Rescaling,
     "UpSampling2D": UpSampling2D,
     "Embedding": Embedding,
+    "Normalization": Normalization,
+    "PReLU": PReLU,
 }
 
 #: Keras model classes that may appear as a layer (nested models).
