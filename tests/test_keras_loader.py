@@ -3,11 +3,8 @@ TensorFlow, compared in inference, in training (outputs, moving statistics) and 
 of a loss w.r.t. every weight. Tolerances are the ones docs/keras.md states."""
 import json
 import os
-import shutil
 import subprocess
 import sys
-import textwrap
-import zipfile
 
 import h5py
 import numpy as np
