@@ -78,8 +78,13 @@ def _torch_run(module, inputs, training, seeds):
 
 
 def _var(module, path):
+    """The module's tensor for a Keras variable path; a recurrent layer's cell ("lstm/lstm_cell/
+    kernel") has no submodule of its own: its variables are the layer's."""
     obj = module
-    for part in path.split("/"):
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if i < len(parts) - 1 and not hasattr(obj, part) and part.endswith("_cell"):
+            continue
         obj = getattr(obj, part)
     return obj
 
@@ -579,3 +584,27 @@ def test_normalization_and_prelu_float64(tf, keras, floatx, tmp_path):
     kmodel.get_layer("prelu").alpha.assign(rng.uniform(0.1, 0.5, size=(1, 4)))
     module = load_model(_save(kmodel, tmp_path, "keras"))
     _compare(tf, kmodel, module, [rng.normal(size=(5, 3, 4))], 1e-12, 1e-12)
+
+
+def _text_model(keras):
+    L = keras.layers
+    inp = L.Input((6,), dtype="int32")
+    x = L.Embedding(30, 5, name="emb")(inp)
+    x = L.LSTM(4, return_sequences=True, name="lstm")(x)
+    x = L.GRU(3, return_sequences=True, go_backwards=True, name="gru_after")(x)
+    x = L.GRU(3, reset_after=False, return_sequences=True, name="gru_before")(x)
+    seq, h = L.SimpleRNN(2, return_state=True, name="rnn")(x)
+    y, h2, c2 = L.LSTM(2, return_state=True, recurrent_activation="hard_sigmoid",
+                       name="lstm_state")(x)
+    return keras.Model(inp, [L.Dense(3, name="out")(L.Concatenate()([seq, h, y, h2, c2]))],
+                       name="text")
+
+
+@pytest.mark.parametrize("ext", ["keras", "h5"])
+def test_recurrent_float64(tf, keras, floatx, tmp_path, ext):
+    floatx("float64")
+    kmodel = _text_model(keras)
+    _randomize(kmodel, seed=12)
+    module = load_model(_save(kmodel, tmp_path, ext))
+    x = np.random.default_rng(13).integers(0, 30, size=(4, 6)).astype(np.int32)
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12)

@@ -675,6 +675,93 @@ class PReLU(KerasLayer):
         return F.relu(x) + (-self.alpha) * F.relu(-x)  # Keras: relu(x) + -alpha * relu(-x)
 
 
+class Recurrent(KerasLayer):
+    """LSTM, GRU (reset_after both ways), SimpleRNN as a plain-torch step loop with Keras 3's
+    math (the `implementation=2` cell: one matmul per step for all gates, Keras's order of
+    additions). Inputs ``[batch, time, features]``; ``return_sequences``, ``return_state``,
+    ``go_backwards`` as Keras (a backwards run returns the reversed sequence)."""
+
+    def __init__(self, cfg, ctx):
+        super().__init__(ctx.class_name)
+        for opt in ("stateful", "time_major"):
+            if cfg.get(opt):
+                raise ctx.fail(f"{opt}=True is not supported")
+        for opt in ("dropout", "recurrent_dropout"):
+            if cfg.get(opt, 0.0):
+                raise ctx.fail(f"{opt}={cfg[opt]} is not supported")
+        self.kind = ctx.class_name
+        names = ["kernel", "recurrent_kernel"] + (["bias"] if cfg.get("use_bias", True) else [])
+        arrays = ctx.take(names)
+        for n, a in zip(names, arrays):
+            setattr(self, n, _param(a))
+        if len(arrays) < 3:
+            self.bias = None
+        self.keras_variables = tuple(names)
+        self.units = int(arrays[1].shape[0])
+        self.activation = check_activation(cfg.get("activation", "tanh"), ctx.name,
+                                           ctx.keras_major)
+        self.recurrent_activation = check_activation(
+            cfg.get("recurrent_activation", "sigmoid"), ctx.name, ctx.keras_major)
+        self.reset_after = bool(cfg.get("reset_after", True))
+        self.return_sequences = bool(cfg.get("return_sequences", False))
+        self.return_state = bool(cfg.get("return_state", False))
+        self.go_backwards = bool(cfg.get("go_backwards", False))
+
+    def _step(self, x, h, c):
+        act, ract = ACTIVATIONS[self.activation], ACTIVATIONS[self.recurrent_activation]
+        U = self.units
+        if self.kind == "LSTM":
+            z = torch.matmul(x, self.kernel) + torch.matmul(h, self.recurrent_kernel)
+            if self.bias is not None:
+                z = z + self.bias
+            z0, z1, z2, z3 = z.split(U, dim=-1)
+            c = ract(z1) * c + ract(z0) * act(z2)
+            return ract(z3) * act(c), c
+        if self.kind == "SimpleRNN":
+            y = torch.matmul(x, self.kernel)
+            if self.bias is not None:
+                y = y + self.bias
+            return act(y + torch.matmul(h, self.recurrent_kernel)), c
+        # GRU
+        if self.bias is None:
+            input_bias = recurrent_bias = None
+        elif self.reset_after:
+            input_bias, recurrent_bias = self.bias[0], self.bias[1]
+        else:
+            input_bias, recurrent_bias = self.bias, None
+        mx = torch.matmul(x, self.kernel)
+        if input_bias is not None:
+            mx = mx + input_bias
+        x_z, x_r, x_h = mx.split(U, dim=-1)
+        if self.reset_after:
+            inner = torch.matmul(h, self.recurrent_kernel)
+            if recurrent_bias is not None:
+                inner = inner + recurrent_bias
+        else:
+            inner = torch.matmul(h, self.recurrent_kernel[:, :2 * U])
+        z = ract(x_z + inner[:, :U])
+        r = ract(x_r + inner[:, U:2 * U])
+        if self.reset_after:
+            rh = r * inner[:, 2 * U:]
+        else:
+            rh = torch.matmul(r * h, self.recurrent_kernel[:, 2 * U:])
+        hh = act(x_h + rh)
+        return z * h + (1 - z) * hh, c
+
+    def forward(self, x):
+        n, steps = x.shape[0], x.shape[1]
+        h = x.new_zeros(n, self.units)
+        c = x.new_zeros(n, self.units) if self.kind == "LSTM" else None
+        outs = []
+        for t in (reversed(range(steps)) if self.go_backwards else range(steps)):
+            h, c = self._step(x[:, t], h, c)
+            outs.append(h)
+        y = torch.stack(outs, 1) if self.return_sequences else h
+        if not self.return_state:
+            return y
+        return [y, h, c] if self.kind == "LSTM" else [y, h]
+
+
 def _conv(rank):
     return lambda cfg, ctx: Conv(cfg, ctx, rank)
 
@@ -718,7 +805,11 @@ CONVERTERS = {
     "Embedding": Embedding,
     "Normalization": Normalization,
     "PReLU": PReLU,
+    "LSTM": Recurrent, "GRU": Recurrent, "SimpleRNN": Recurrent,
 }
+
+#: Layers whose variables Keras 3 saves in their ``cell`` sublayer (``<layer>/cell/vars``).
+CELL_LAYERS = ("LSTM", "GRU", "SimpleRNN")
 
 #: Keras model classes that may appear as a layer (nested models).
 MODEL_CLASSES = ("Functional", "Sequential", "Model")

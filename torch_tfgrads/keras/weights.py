@@ -16,7 +16,7 @@ datasets in ``layer.weights`` order.
 import re
 
 from .archive import KerasLoadError, read_dataset
-from .layers import MODEL_CLASSES
+from .layers import CELL_LAYERS, MODEL_CLASSES
 
 
 def to_snake_case(name):
@@ -51,7 +51,8 @@ def keras3_groups(model_config, names_prefix=(), group_prefix=""):
     for name, lc in layer_configs(model_config):
         cls = lc["class_name"]
         path = f"{group_prefix}layers/{_unique(to_snake_case(cls), used)}"
-        out.append((names_prefix + (name,), path))
+        # a recurrent layer's variables belong to its cell (the saver walks layer.cell)
+        out.append((names_prefix + (name,), path + "/cell" if cls in CELL_LAYERS else path))
         if cls in MODEL_CLASSES:
             out += keras3_groups(lc, names_prefix + (name,), path + "/")
     return out
