@@ -83,8 +83,11 @@ def _var(module, path):
     obj = module
     parts = path.split("/")
     for i, part in enumerate(parts):
-        if i < len(parts) - 1 and not hasattr(obj, part) and part.endswith("_cell"):
-            continue
+        if i < len(parts) - 1 and not hasattr(obj, part):
+            if part.endswith("_cell"):
+                continue
+            if part.startswith(("forward_", "backward_")):  # Bidirectional's copies
+                part = part.split("_")[0] + "_layer"
         obj = getattr(obj, part)
     return obj
 
@@ -608,3 +611,29 @@ def test_recurrent_float64(tf, keras, floatx, tmp_path, ext):
     module = load_model(_save(kmodel, tmp_path, ext))
     x = np.random.default_rng(13).integers(0, 30, size=(4, 6)).astype(np.int32)
     _compare(tf, kmodel, module, [x], 1e-12, 1e-12)
+
+
+def _bidirectional_model(keras):
+    L = keras.layers
+    inp = L.Input((5,), dtype="int32")
+    x = L.Embedding(20, 4, name="emb")(inp)
+    x = L.Bidirectional(L.LSTM(3, return_sequences=True), name="bi_lstm")(x)
+    x = L.Bidirectional(L.GRU(3, return_sequences=True), merge_mode="sum", name="bi_gru")(x)
+    a = L.Bidirectional(L.SimpleRNN(2), merge_mode="ave", name="bi_rnn")(x)
+    b = L.Bidirectional(L.GRU(2, reset_after=False), merge_mode="mul", name="bi_mul")(x)
+    c, *states = L.Bidirectional(L.LSTM(2, return_state=True), name="bi_state")(x)
+    return keras.Model(inp, L.Dense(2, name="out")(L.Concatenate()([a, b, c] + states)),
+                       name="bidi")
+
+
+@pytest.mark.parametrize("ext", ["keras", "h5"])
+def test_bidirectional_float64(tf, keras, floatx, tmp_path, ext):
+    floatx("float64")
+    kmodel = _bidirectional_model(keras)
+    _randomize(kmodel, seed=14)
+    path = _save(kmodel, tmp_path, ext)
+    module = load_model(path)
+    assert "bi_lstm.forward_layer.kernel" in module.state_dict()
+    x = np.random.default_rng(15).integers(0, 20, size=(3, 5)).astype(np.int32)
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12)
+    load_weights(module, path)  # the same file loads back into the module

@@ -11,7 +11,7 @@ import torch
 
 from .archive import KerasLoadError, read_file
 from .graph import KerasModel, build_model, check_supported
-from .layers import CONVERTERS, MODEL_CLASSES
+from .layers import CONVERTERS, MODEL_CLASSES, assign, keras_tensors
 from .weights import read_arrays
 
 #: The Keras layer classes load_model converts (plus nested Functional/Sequential models).
@@ -85,24 +85,19 @@ def load_weights(model, path):
         arrays = read_arrays(kfile, model.keras_config)
     finally:
         kfile.close()
-    plan = []
-    for lpath, layer in _named_layers(model):
-        names = getattr(layer, "keras_variables", None)
+    for lpath, layer in _named_layers(model):  # check every layer before copying anything
         got = arrays.get(lpath, [])
-        if names is None:
-            continue
-        if len(got) != len(names):
-            raise KerasLoadError(f"layer {'/'.join(lpath)!r}: expects {len(names)} weights "
-                                 f"({', '.join(names) or 'none'}), {path} has {len(got)}")
-        for n, a in zip(names, got):
-            t = getattr(layer, n)
+        pairs = keras_tensors(layer)
+        if len(got) != len(pairs):
+            raise KerasLoadError(f"layer {'/'.join(lpath)!r}: expects {len(pairs)} weights "
+                                 f"({', '.join(n for n, _ in pairs) or 'none'}), {path} has "
+                                 f"{len(got)}")
+        for (n, t), a in zip(pairs, got):
             if tuple(t.shape) != tuple(a.shape):
                 raise KerasLoadError(f"layer {'/'.join(lpath)!r}: weight {n!r} has shape "
                                      f"{list(t.shape)} in the model, {list(a.shape)} in {path}")
-            plan.append((t, a))
-    with torch.no_grad():
-        for t, a in plan:
-            t.copy_(torch.from_numpy(a))
+    for lpath, layer in _named_layers(model):
+        assign(layer, arrays.get(lpath, []), "/".join(lpath))
     return model
 
 

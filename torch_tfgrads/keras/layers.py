@@ -76,13 +76,22 @@ def _param(array):
     return torch.nn.Parameter(torch.from_numpy(array.copy()))
 
 
+def keras_tensors(module):
+    """[(name, tensor)] of a converted layer in Keras's variable order."""
+    if isinstance(module, Bidirectional):
+        return [(f"forward_layer.{n}", t) for n, t in keras_tensors(module.forward_layer)] + [
+            (f"backward_layer.{n}", t) for n, t in keras_tensors(module.backward_layer)]
+    return [(n, getattr(module, n)) for n in getattr(module, "keras_variables", ())]
+
+
 def assign(module, arrays, layer):
-    """Copy Keras arrays into ``module.keras_variables``, every shape checked first."""
-    names = module.keras_variables
+    """Copy Keras arrays into the layer's variables, every shape checked first."""
+    pairs = keras_tensors(module)
+    names = [n for n, _ in pairs]
     if len(names) != len(arrays):
         raise KerasLoadError(f"layer {layer!r}: expects {len(names)} weights "
                              f"({', '.join(names) or 'none'}), got {len(arrays)}")
-    targets = [getattr(module, n) for n in names]
+    targets = [t for _, t in pairs]
     for n, t, a in zip(names, targets, arrays):
         if tuple(t.shape) != tuple(a.shape):
             raise KerasLoadError(f"layer {layer!r}: weight {n!r} must have shape {list(t.shape)}"
@@ -762,6 +771,52 @@ class Recurrent(KerasLayer):
         return [y, h, c] if self.kind == "LSTM" else [y, h]
 
 
+class Bidirectional(KerasLayer):
+    """keras.layers.Bidirectional over LSTM/GRU/SimpleRNN: submodules ``forward_layer`` and
+    ``backward_layer``; merge_mode concat, sum, ave, mul or None (a list); the backward
+    sequence is flipped back to the input's order, as Keras does."""
+
+    def __init__(self, cfg, ctx):
+        super().__init__(ctx.class_name)
+        inner = cfg["layer"]
+        back = cfg.get("backward_layer") or {
+            "class_name": inner["class_name"],
+            "config": {**inner["config"], "go_backwards": not inner["config"].get(
+                "go_backwards", False)}}
+        for sub in (inner, back):
+            if sub["class_name"] not in CELL_LAYERS:
+                raise ctx.fail(f"wraps a {sub['class_name']}; only {', '.join(CELL_LAYERS)}")
+        self.merge_mode = cfg.get("merge_mode", "concat")
+        if self.merge_mode not in ("concat", "sum", "ave", "mul", None):
+            raise ctx.fail(f"merge_mode={self.merge_mode!r} is not supported")
+        n = len(ctx.arrays) // 2
+        fwd = Context(ctx.name, inner["class_name"], ctx.arrays[:n], ctx.keras_version)
+        bwd = Context(ctx.name, back["class_name"], ctx.arrays[n:], ctx.keras_version)
+        self.forward_layer = Recurrent(inner["config"], fwd)
+        self.backward_layer = Recurrent(back["config"], bwd)
+        self.return_state = self.forward_layer.return_state
+
+    def forward(self, x):
+        yf, yb = self.forward_layer(x), self.backward_layer(x)
+        if self.return_state:
+            (yf, *sf), (yb, *sb) = yf, yb
+        if self.backward_layer.return_sequences:
+            yb = yb.flip(1)
+        if self.merge_mode == "concat":
+            y = torch.cat([yf, yb], -1)
+        elif self.merge_mode == "sum":
+            y = yf + yb
+        elif self.merge_mode == "ave":
+            y = (yf + yb) / 2
+        elif self.merge_mode == "mul":
+            y = yf * yb
+        else:
+            y = [yf, yb]
+        if self.return_state:
+            return (y if isinstance(y, list) else [y]) + sf + sb
+        return y
+
+
 def _conv(rank):
     return lambda cfg, ctx: Conv(cfg, ctx, rank)
 
@@ -806,6 +861,7 @@ CONVERTERS = {
     "Normalization": Normalization,
     "PReLU": PReLU,
     "LSTM": Recurrent, "GRU": Recurrent, "SimpleRNN": Recurrent,
+    "Bidirectional": Bidirectional,
 }
 
 #: Layers whose variables Keras 3 saves in their ``cell`` sublayer (``<layer>/cell/vars``).

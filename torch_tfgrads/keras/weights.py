@@ -51,8 +51,15 @@ def keras3_groups(model_config, names_prefix=(), group_prefix=""):
     for name, lc in layer_configs(model_config):
         cls = lc["class_name"]
         path = f"{group_prefix}layers/{_unique(to_snake_case(cls), used)}"
-        # a recurrent layer's variables belong to its cell (the saver walks layer.cell)
-        out.append((names_prefix + (name,), path + "/cell" if cls in CELL_LAYERS else path))
+        # a recurrent layer's variables belong to its cell (the saver walks layer.cell); a
+        # Bidirectional's to the cells of its forward_layer then backward_layer
+        if cls in CELL_LAYERS:
+            out.append((names_prefix + (name,), path + "/cell"))
+        elif cls == "Bidirectional":
+            out.append((names_prefix + (name,), [f"{path}/forward_layer/cell",
+                                                 f"{path}/backward_layer/cell"]))
+        else:
+            out.append((names_prefix + (name,), path))
         if cls in MODEL_CLASSES:
             out += keras3_groups(lc, names_prefix + (name,), path + "/")
     return out
@@ -61,17 +68,18 @@ def keras3_groups(model_config, names_prefix=(), group_prefix=""):
 def keras3_arrays(h5, model_config, source):
     """{layer path: [arrays]} from a Keras 3 weights file."""
     arrays = {}
-    for names, path in keras3_groups(model_config):
-        vars_path = f"{path}/vars"
-        if vars_path not in h5:
-            arrays[names] = []
-            continue
-        grp = h5[vars_path]
-        keys = sorted(grp.keys(), key=lambda k: int(k) if k.isdigit() else -1)
-        if keys != [str(i) for i in range(len(keys))]:
-            raise KerasLoadError(f"{source}: layer {names[-1]!r}: unexpected datasets {keys} in "
-                                 f"{vars_path!r}")
-        arrays[names] = [read_dataset(grp[k]) for k in keys]
+    for names, paths in keras3_groups(model_config):
+        arrays[names] = []
+        for path in paths if isinstance(paths, list) else [paths]:
+            vars_path = f"{path}/vars"
+            if vars_path not in h5:
+                continue
+            grp = h5[vars_path]
+            keys = sorted(grp.keys(), key=lambda k: int(k) if k.isdigit() else -1)
+            if keys != [str(i) for i in range(len(keys))]:
+                raise KerasLoadError(f"{source}: layer {names[-1]!r}: unexpected datasets "
+                                     f"{keys} in {vars_path!r}")
+            arrays[names] += [read_dataset(grp[k]) for k in keys]
     return arrays
 
 
