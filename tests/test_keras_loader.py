@@ -637,3 +637,29 @@ def test_bidirectional_float64(tf, keras, floatx, tmp_path, ext):
     x = np.random.default_rng(15).integers(0, 20, size=(3, 5)).astype(np.int32)
     _compare(tf, kmodel, module, [x], 1e-12, 1e-12)
     load_weights(module, path)  # the same file loads back into the module
+
+
+def test_training_steps_match_keras_float64(tf, keras, floatx, tmp_path):
+    """Three SGD steps in Keras and on the converted module (torch.optim.SGD is Keras's SGD
+    without momentum): every weight and moving statistic afterwards, in float64."""
+    floatx("float64")
+    kmodel = _cnn(keras)
+    _randomize(kmodel, seed=21)
+    module = load_model(_save(kmodel, tmp_path, "keras")).train()
+    rng = np.random.default_rng(22)
+    opt_k = keras.optimizers.SGD(learning_rate=0.05)
+    opt_t = torch.optim.SGD(module.parameters(), lr=0.05)
+    for _ in range(3):
+        x = rng.normal(size=(4, 9, 9, 3))
+        labels = rng.integers(0, 5, size=4)
+        with tf.GradientTape() as tape:
+            p = kmodel(x, training=True)
+            loss = -tf.reduce_mean(tf.math.log(tf.gather(p, labels, batch_dims=1)))
+        opt_k.apply_gradients(zip(tape.gradient(loss, kmodel.trainable_weights),
+                                  kmodel.trainable_weights))
+        opt_t.zero_grad()
+        q = module(torch.from_numpy(x))
+        (-torch.log(q[torch.arange(4), torch.from_numpy(labels)]).mean()).backward()
+        opt_t.step()
+    err = max(rel_err(_var(module, v.path), torch.from_numpy(v.numpy())) for v in kmodel.weights)
+    assert err <= 1e-12, err
