@@ -663,3 +663,45 @@ def test_training_steps_match_keras_float64(tf, keras, floatx, tmp_path):
         opt_t.step()
     err = max(rel_err(_var(module, v.path), torch.from_numpy(v.numpy())) for v in kmodel.weights)
     assert err <= 1e-12, err
+
+
+def _masked_text_model(keras):
+    L = keras.layers
+    inp = L.Input((7,), dtype="int32")
+    x = L.Embedding(15, 4, mask_zero=True, name="emb")(inp)
+    x = L.Dense(4, activation="tanh", name="proj")(x)  # passes the mask on
+    x = L.Bidirectional(L.LSTM(3, return_sequences=True), name="bi")(x)
+    x = L.GRU(3, return_sequences=True, name="gru")(x)
+    x = L.SimpleRNN(2, go_backwards=True, name="rnn")(x)
+    return keras.Model(inp, L.Dense(2, name="out")(x), name="masked")
+
+
+@pytest.mark.parametrize("ext", ["keras", "h5"])
+def test_masked_text_model_float64(tf, keras, floatx, tmp_path, ext):
+    """Embedding(mask_zero=True) -> Dense -> Bidirectional(LSTM) -> GRU -> SimpleRNN: masked
+    steps keep the state; outputs there are the previous ones (zeros inside Bidirectional)."""
+    floatx("float64")
+    kmodel = _masked_text_model(keras)
+    _randomize(kmodel, seed=31)
+    module = load_model(_save(kmodel, tmp_path, ext))
+    x = np.random.default_rng(32).integers(1, 15, size=(4, 7)).astype(np.int32)
+    x[0, 5:] = 0  # right padding
+    x[1, :2] = 0  # left padding
+    x[2, 3] = 0   # a hole
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12)
+
+
+def test_mask_into_unsupported_layer_refused(keras, tmp_path):
+    L = keras.layers
+    inp = L.Input((5,), dtype="int32")
+    x = L.Embedding(9, 3, mask_zero=True, name="emb")(inp)
+    out = L.GlobalAveragePooling1D(name="gap")(x)
+    path = str(tmp_path / "m.keras")
+    keras.Model(inp, out).save(path)
+    with pytest.raises(KerasLoadError, match="'gap'.*called with a Keras mask"):
+        load_model(path)
+    seq = keras.Sequential([L.Input((5,), dtype="int32"), L.Embedding(9, 3, mask_zero=True),
+                            L.LSTM(2)])
+    seq.save(path)
+    with pytest.raises(KerasLoadError, match="mask_zero=True in a Sequential"):
+        load_model(path)

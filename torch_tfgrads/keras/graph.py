@@ -2,7 +2,7 @@
 import torch
 
 from .archive import KerasLoadError
-from .layers import CONVERTERS, MODEL_CLASSES, Context, assign
+from .layers import CONVERTERS, MASK_CONSUMERS, MODEL_CLASSES, Context, assign
 from .weights import layer_configs
 
 
@@ -56,15 +56,16 @@ def _parse_node(node, layer):
         for e in node:
             if len(e) > 3 and e[3]:
                 kwargs.update(_template(e[3]))
-    for k, v in kwargs.items():
-        if any(True for _ in _refs(v)):
-            raise KerasLoadError(f"layer {layer!r} is called with a tensor as keyword argument "
-                                 f"{k!r}; not supported")
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("training", "mask")}
-    if kwargs:
-        raise KerasLoadError(f"layer {layer!r} is called with keyword arguments "
-                             f"{sorted(kwargs)}; not supported")
-    return args
+    kwargs = {k: v for k, v in kwargs.items() if k != "training" and v is not None}
+    if "mask" in kwargs and not isinstance(kwargs["mask"], Ref):
+        raise KerasLoadError(f"layer {layer!r} is called with a mask that is not a tensor")
+    for k in kwargs:
+        if k != "mask":
+            raise KerasLoadError(f"layer {layer!r} is called with keyword argument {k!r}; "
+                                 "not supported")
+    # Keras 3 records a mask as a tensor of the graph (e.g. a NotEqual node after an
+    # Embedding(mask_zero=True)) passed as mask=...; it is kept as the call's keyword
+    return [args, kwargs] if kwargs else args
 
 
 def _io_refs(spec):
@@ -113,10 +114,17 @@ class KerasModel(torch.nn.Module):
             self._build_functional(model_config, layers)
 
     def _build_sequential(self, layers):
+        for n, lc in layers:
+            if lc["class_name"] == "Embedding" and lc.get("config", {}).get("mask_zero"):
+                raise KerasLoadError(
+                    f"layer {n!r} (Embedding): mask_zero=True in a Sequential model is not "
+                    "supported (its config does not record the masks); build the model as a "
+                    "Functional one")
         names = [n for n, lc in layers]
         first = 1 if layers and layers[0][1]["class_name"] == "InputLayer" else 0
         self.input_refs = [Ref(names[0], 0, 0)] if first else [Ref("__input__", 0, 0)]
         self.single_input = self.single_output = True
+        self.step_kwargs = {}
         prev = self.input_refs[0]
         self.steps = []
         for name in names[first:]:
@@ -126,6 +134,7 @@ class KerasModel(torch.nn.Module):
 
     def _build_functional(self, model_config, layers):
         cfg = model_config["config"]
+        self.step_kwargs = {}
         self.input_refs, self.single_input = _io_refs(cfg["input_layers"])
         self.output_refs, self.single_output = _io_refs(cfg["output_layers"])
         pending = []
@@ -133,7 +142,11 @@ class KerasModel(torch.nn.Module):
             if lc["class_name"] == "InputLayer":
                 continue
             for k, node in enumerate(lc.get("inbound_nodes", [])):
-                pending.append((name, k, _parse_node(node, name)))
+                call = _parse_node(node, name)
+                if isinstance(node, dict) and call is not None and len(call) == 2 and \
+                        isinstance(call[1], dict) and "mask" in call[1]:
+                    self.step_kwargs[(name, k)] = True
+                pending.append((name, k, call))
         available = {(r.layer, r.node) for r in self.input_refs}
         self.steps = []
         while pending:
@@ -151,6 +164,13 @@ class KerasModel(torch.nn.Module):
         for r in self.output_refs:
             if (r.layer, r.node) not in available:
                 raise KerasLoadError(f"output {r} is not computed by the graph")
+        classes = {n: lc["class_name"] for n, lc in layers}
+        for name, node, call in self.steps:
+            if self.step_kwargs.get((name, node)) and classes[name] not in MASK_CONSUMERS:
+                raise KerasLoadError(
+                    f"layer {name!r} ({classes[name]}) is called with a Keras mask (from an "
+                    f"Embedding with mask_zero=True); masks are supported into "
+                    f"{', '.join(MASK_CONSUMERS)} only")
 
     def forward(self, *inputs):
         if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)) and not self.single_input:
@@ -161,8 +181,12 @@ class KerasModel(torch.nn.Module):
             raise ValueError(f"{self.keras_class} model: expects {len(self.input_refs)} inputs "
                              f"({[r.layer for r in self.input_refs]}), got {len(inputs)}")
         values = {(r.layer, r.node): x for r, x in zip(self.input_refs, inputs)}
-        for name, node, args in self.steps:
-            values[(name, node)] = getattr(self, name)(*_resolve(args, values))
+        for name, node, call in self.steps:
+            if self.step_kwargs.get((name, node)):
+                args, kwargs = _resolve(call, values)
+                values[(name, node)] = getattr(self, name)(*args, **kwargs)
+            else:
+                values[(name, node)] = getattr(self, name)(*_resolve(call, values))
         outs = [_resolve(r, values) for r in self.output_refs]
         return outs[0] if self.single_output else outs
 

@@ -631,8 +631,9 @@ class Embedding(KerasLayer):
 
     def __init__(self, cfg, ctx):
         super().__init__(ctx.class_name)
-        if cfg.get("mask_zero"):
-            raise ctx.fail("mask_zero=True is not supported yet (masks are not propagated)")
+        if cfg.get("mask_zero") and ctx.keras_major < 3:
+            raise ctx.fail("mask_zero=True in a file written by Keras 2 is not supported (its "
+                           "masks are implicit; Keras 3 files record them in the graph)")
         (w,) = ctx.take(["embeddings"])
         self.embeddings = _param(w)
 
@@ -757,15 +758,26 @@ class Recurrent(KerasLayer):
         hh = act(x_h + rh)
         return z * h + (1 - z) * hh, c
 
-    def forward(self, x):
+    def forward(self, x, mask=None, zero_output_for_mask=False):
+        """``mask`` ([batch, time] bool, Keras's): a masked step keeps the state and outputs the
+        previous output (zeros with ``zero_output_for_mask``, as Bidirectional asks)."""
         n, steps = x.shape[0], x.shape[1]
         h = x.new_zeros(n, self.units)
         c = x.new_zeros(n, self.units) if self.kind == "LSTM" else None
         outs = []
+        prev = zero = x.new_zeros(n, self.units)
         for t in (reversed(range(steps)) if self.go_backwards else range(steps)):
-            h, c = self._step(x[:, t], h, c)
-            outs.append(h)
-        y = torch.stack(outs, 1) if self.return_sequences else h
+            h_new, c_new = self._step(x[:, t], h, c)
+            if mask is None:
+                h, c, out = h_new, c_new, h_new
+            else:
+                m = mask[:, t, None]
+                out = torch.where(m, h_new, zero if zero_output_for_mask else prev)
+                h = torch.where(m, h_new, h)
+                c = torch.where(m, c_new, c) if c is not None else None
+            outs.append(out)
+            prev = out
+        y = torch.stack(outs, 1) if self.return_sequences else outs[-1]
         if not self.return_state:
             return y
         return [y, h, c] if self.kind == "LSTM" else [y, h]
@@ -796,8 +808,10 @@ class Bidirectional(KerasLayer):
         self.backward_layer = Recurrent(back["config"], bwd)
         self.return_state = self.forward_layer.return_state
 
-    def forward(self, x):
-        yf, yb = self.forward_layer(x), self.backward_layer(x)
+    def forward(self, x, mask=None):
+        zero = self.forward_layer.return_sequences  # Keras forces zeros at masked steps then
+        yf = self.forward_layer(x, mask, zero)
+        yb = self.backward_layer(x, mask, self.backward_layer.return_sequences)
         if self.return_state:
             (yf, *sf), (yb, *sb) = yf, yb
         if self.backward_layer.return_sequences:
@@ -815,6 +829,17 @@ class Bidirectional(KerasLayer):
         if self.return_state:
             return (y if isinstance(y, list) else [y]) + sf + sb
         return y
+
+
+class NotEqual(KerasLayer):
+    """The ``x != y`` node Keras 3 records for a mask (Embedding(mask_zero=True))."""
+
+    def __init__(self, cfg, ctx):
+        super().__init__(ctx.class_name)
+        ctx.take([])
+
+    def forward(self, x, y):
+        return x != y
 
 
 def _conv(rank):
@@ -862,7 +887,11 @@ CONVERTERS = {
     "PReLU": PReLU,
     "LSTM": Recurrent, "GRU": Recurrent, "SimpleRNN": Recurrent,
     "Bidirectional": Bidirectional,
+    "NotEqual": NotEqual,
 }
+
+#: Layers that take a Keras mask (recorded as mask=<tensor> in a Keras 3 graph).
+MASK_CONSUMERS = ("LSTM", "GRU", "SimpleRNN", "Bidirectional")
 
 #: Layers whose variables Keras 3 saves in their ``cell`` sublayer (``<layer>/cell/vars``).
 CELL_LAYERS = ("LSTM", "GRU", "SimpleRNN")
