@@ -705,3 +705,27 @@ def test_mask_into_unsupported_layer_refused(keras, tmp_path):
     seq.save(path)
     with pytest.raises(KerasLoadError, match="mask_zero=True in a Sequential"):
         load_model(path)
+
+
+def test_tensor_operators_and_dropout_noise_shape(tf, keras, floatx, tmp_path):
+    """`a * b`, `a + b` between Keras tensors are graph nodes named Multiply/Add with two
+    arguments; Dropout(noise_shape) (EfficientNet's) is the identity in inference and drops
+    whole samples in training; Normalization on axis 3 of a 4-D input."""
+    floatx("float64")
+    L = keras.layers
+    inp = L.Input((2, 2, 3))
+    a = L.Dense(3, name="a")(inp)
+    b = L.Dense(3, name="b")(inp)
+    x = L.Normalization(axis=3, mean=[0.0, 1.0, 2.0], variance=[1.0, 4.0, 9.0], name="n")(a * b + a)
+    x = L.Dropout(0.5, noise_shape=(None, 1, 1, 1), name="drop")(x)
+    kmodel = keras.Model(inp, x)
+    _randomize(kmodel)
+    module = load_model(_save(kmodel, tmp_path, "keras"))
+    xin = np.random.default_rng(0).normal(size=(64, 2, 2, 3))
+    _compare(tf, kmodel, module, [xin], 1e-12, 1e-12, modes=(False,))
+    module.train()
+    y = module(torch.from_numpy(xin)).detach()
+    ref = module.eval()(torch.from_numpy(xin)).detach()
+    kept = (y != 0).flatten(1).any(1)
+    assert 0 < kept.sum() < 64
+    assert torch.allclose(y[kept], 2 * ref[kept]) and (y[~kept] == 0).all()

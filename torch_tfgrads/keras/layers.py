@@ -466,7 +466,11 @@ class Merge(KerasLayer):
         ctx.take([])
         self.op = ctx.class_name
 
-    def forward(self, inputs):
+    def forward(self, *inputs):
+        # a merge layer gets one list; Keras 3's graph also records tensor operators
+        # (x * y, x + y) as nodes of the same class names with two arguments
+        if len(inputs) == 1 and isinstance(inputs[0], (list, tuple)):
+            inputs = inputs[0]
         if self.op == "Subtract":
             return inputs[0] - inputs[1]
         out = inputs[0]
@@ -587,16 +591,20 @@ class Dropout(KerasLayer):
     def __init__(self, cfg, ctx, spatial=0):
         super().__init__(ctx.class_name)
         ctx.take([])
-        if cfg.get("noise_shape") is not None:
-            raise ctx.fail("noise_shape is not supported")
+        ns = cfg.get("noise_shape")
+        self.noise_shape = None if ns is None else tuple(ns)  # None entries: the input's size
         self.rate, self.spatial = float(cfg.get("rate", 0.0)), spatial
 
     def forward(self, x):
         if not self.training or self.rate == 0.0:
             return x
-        if not self.spatial:
+        if self.noise_shape is not None:
+            shape = tuple(x.shape[i] if d is None else int(d)
+                          for i, d in enumerate(self.noise_shape))
+        elif not self.spatial:
             return F.dropout(x, self.rate, True)
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        else:
+            shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
         keep = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(1 - self.rate)
         return x * keep / (1 - self.rate)
 
@@ -651,8 +659,9 @@ class Normalization(KerasLayer):
         axis = cfg.get("axis", -1)
         if isinstance(axis, (list, tuple)):  # Keras saves axis=None as []
             axis = axis[0] if len(axis) == 1 else (None if not axis else axis)
-        if axis not in (-1, None):
+        if not (axis is None or isinstance(axis, int)):
             raise ctx.fail(f"axis={cfg.get('axis')!r}: only the last axis (or None) is supported")
+        self.axis = axis
         self.invert = bool(cfg.get("invert", False))
         if cfg.get("mean") is not None:
             ctx.take([])
@@ -668,6 +677,9 @@ class Normalization(KerasLayer):
             self.keras_variables = ("mean", "variance", "count")
 
     def forward(self, x):
+        if self.axis is not None and self.axis not in (-1, x.dim() - 1):
+            raise ValueError(f"Normalization: axis {self.axis} is not the last axis of the "
+                             f"input of shape {list(x.shape)}; only the last axis is supported")
         mean, var = self.mean.to(x.dtype), self.variance.to(x.dtype)
         std = torch.clamp_min(torch.sqrt(var), 1e-7)
         return mean + x * std if self.invert else (x - mean) / std
