@@ -27,7 +27,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_MIN ?= 2.4
 TORCH_INDEX ?=
 CORE_DEPS ?= numpy ninja
-TEST_DEPS ?= pytest tensorflow-cpu==2.21.0
+TEST_DEPS ?= pytest tensorflow-cpu==2.21.0 h5py protobuf
 LINT_DEPS ?= ruff==0.17.6 clang-format==19.1.7
 CUDA_VENV ?= $(HOME)/.cache/torch_tfgrads/cuda-venv
 CUDA_TORCH_SPEC ?= torch==2.15.0

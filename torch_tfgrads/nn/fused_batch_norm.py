@@ -1,5 +1,7 @@
 """Keras' BatchNormalization(fused=True) as a module over fused_batch_norm_v3."""
 
+from __future__ import annotations
+
 import torch
 
 from ..ops import fused_batch_norm_v3
@@ -22,20 +24,36 @@ class FusedBatchNorm(torch.nn.Module):
     float64); float16/bfloat16 inputs are normalised with float32 statistics, as TF does.
     Keras weights load unchanged: ``weight`` = gamma, ``bias`` = beta, ``running_mean`` =
     moving_mean, ``running_var`` = moving_variance.
+
+    ``moving_variance`` picks how training updates the running statistics:
+
+    * ``"bessel"`` (default): what TF's fused op returns, ``(1-f) * running + f * batch`` with
+      ``f = 1 - momentum`` and the Bessel-corrected batch variance (tf-keras / Keras 2 on its
+      fused path: 4-D input, ``fused`` not False).
+    * ``"biased"``: Keras 3's ``BatchNormalization`` (the Keras of TF >= 2.16), which updates
+      ``running * momentum + batch * (1 - momentum)`` with the *biased* batch variance (the op's
+      ``reserve_space_2``), the mean the same way. The normalised output is the same either way.
     """
 
     def __init__(
         self,
-        num_features,
-        momentum=0.99,
-        epsilon=1e-3,
-        center=True,
-        scale=True,
-        data_format="NHWC",
-        device=None,
-        dtype=None,
-    ):
+        num_features: int,
+        momentum: float = 0.99,
+        epsilon: float = 1e-3,
+        center: bool = True,
+        scale: bool = True,
+        data_format: str = "NHWC",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        moving_variance: str = "bessel",
+    ) -> None:
         super().__init__()
+        if moving_variance not in ("bessel", "biased"):
+            raise ValueError(
+                "FusedBatchNorm: argument 'moving_variance' must be 'bessel' or "
+                f"'biased', got {moving_variance!r}"
+            )
+        self.moving_variance_rule = moving_variance
         if data_format not in _FORMATS:
             raise ValueError(
                 f"FusedBatchNorm: argument 'data_format' must be one of "
@@ -84,7 +102,7 @@ class FusedBatchNorm(torch.nn.Module):
             ),
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -96,7 +114,7 @@ class FusedBatchNorm(torch.nn.Module):
         gamma, beta = param(self.weight, 1.0), param(self.bias, 0.0)
         mean, var = self.running_mean.to(pdt), self.running_var.to(pdt)
         if self.training:
-            y, new_mean, new_var, *_ = fused_batch_norm_v3(
+            y, new_mean, new_var, batch_mean, batch_var, _ = fused_batch_norm_v3(
                 x,
                 gamma,
                 beta,
@@ -107,6 +125,9 @@ class FusedBatchNorm(torch.nn.Module):
                 data_format=self.data_format,
                 is_training=True,
             )
+            if self.moving_variance_rule == "biased":  # Keras 3's formula, its rounding order
+                new_mean = mean * self.momentum + batch_mean * (1.0 - self.momentum)
+                new_var = var * self.momentum + batch_var * (1.0 - self.momentum)
             with torch.no_grad():
                 self.running_mean.copy_(new_mean)
                 self.running_var.copy_(new_var)
