@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import torch
 
 from ..ops import cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v3
+from ..ops._common import check_shape as check_input
 from ..ops.cudnn_rnn_config import RnnConfig
-from ._checks import check_input
 
 # cuDNN's GRU gates r, z, h are Keras's gates 1, 0, 2 (Keras orders z, r, h; its cuDNN path
 # swaps them when it builds the cuDNN buffer); the swap is its own inverse, so the same list maps back.

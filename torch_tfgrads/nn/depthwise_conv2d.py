@@ -8,7 +8,7 @@ import operator
 import torch
 
 from ..ops import depthwise_conv2d_native
-from ._checks import check_input
+from ..ops._common import check_shape as check_input
 
 
 def _positive(v, name):

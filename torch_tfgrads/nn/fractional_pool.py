@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..ops import fractional_avg_pool, fractional_max_pool
-from ._checks import check_input
+from ..ops._common import check_shape as check_input
 
 
 def _ratio4(module, pooling_ratio):

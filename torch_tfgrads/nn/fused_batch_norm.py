@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import fused_batch_norm_v3
-from ._checks import check_input
+from ..ops._common import check_shape as check_input
 
 _FORMATS = {"NHWC": 4, "NCHW": 4, "NDHWC": 5, "NCDHW": 5}
 

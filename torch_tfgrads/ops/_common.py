@@ -43,24 +43,22 @@ def scalar_type_name(dtype):
     return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def check_value(cond, message):
-    """`torch._check_value(cond, message)` that also works on symbolic sizes under Dynamo.
-
-    Dynamo cannot trace a message closure that formats a SymInt ("Can't convert torch._check*()
-    message closure"), so a symbolic condition is checked without its message: the concrete
-    check runs again, with the message, in the real kernel."""
+def _check(cond, message, error, symbolic_check):
+    # Dynamo cannot trace a message closure that formats a SymInt ("Can't convert
+    # torch._check*() message closure"), so a symbolic condition is checked without its message:
+    # the concrete check runs again, with the message, in the real kernel.
     if isinstance(cond, torch.SymBool):
-        torch._check_value(cond)
+        symbolic_check(cond)
     elif not cond:
-        raise ValueError(message())
+        raise error(message())
 
 
-def check_type(cond, message):
-    """The dtype counterpart of `check_value`: raises TypeError."""
-    if not cond:
-        raise TypeError(message())
+def check_value(cond, message):
+    """`torch._check_value(cond, message)` (ValueError) that also works on symbolic sizes."""
+    _check(cond, message, ValueError, torch._check_value)
 
 
-def attrs_list(values):
-    """A list attribute passed on to an op: plain ints, SymInts kept symbolic."""
-    return [v if isinstance(v, torch.SymInt) else int(v) for v in values]
+def check_shape(cond, message):
+    """`torch._check(cond, message)` (RuntimeError: a shape that does not fit) that also works
+    on symbolic sizes; the nn modules check their input with it."""
+    _check(cond, message, RuntimeError, torch._check)
