@@ -38,6 +38,19 @@ TORCH_LIBRARY(tfgrads, m) {
       "float epsilon=0.0001, str data_format=\"NHWC\", bool is_training=True) -> "
       "(Tensor x_backprop, Tensor scale_backprop, Tensor offset_backprop, "
       "Tensor reserve_space_4, Tensor reserve_space_5)");
+  // The local halves of synchronized batch norm (no TF op of their own: TF composes them from
+  // reduce_sum and all-reduces; torch_tfgrads/distributed/sync_batch_norm.py all-reduces the
+  // packed results). sync_stats: [sum x | sum x^2 | count] per channel (2C + 1 values of the
+  // parameter dtype); sync_grad_sums: [sum dy | sum dy * (x - mean)] (2C); sync_backprop_input:
+  // the input gradient from the all-reduced grad_sums and count.
+  m.def("fused_batch_norm_sync_stats(Tensor x, str data_format=\"NHWC\") -> Tensor");
+  m.def(
+      "fused_batch_norm_sync_grad_sums(Tensor y_backprop, Tensor x, Tensor mean, "
+      "str data_format=\"NHWC\") -> Tensor");
+  m.def(
+      "fused_batch_norm_sync_backprop_input(Tensor y_backprop, Tensor x, Tensor scale, "
+      "Tensor mean, Tensor variance, Tensor grad_sums, Tensor count, float epsilon=0.001, "
+      "str data_format=\"NHWC\") -> Tensor");
 
   // ---- FractionalPool family -------------------------------------------------------------
   m.set_python_module("torch_tfgrads.ops.fractional_pool");

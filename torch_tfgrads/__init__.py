@@ -26,6 +26,9 @@ from .ops import (
     fractional_max_pool_grad,
     fractional_pooling_sequence,
     fused_batch_norm_grad_v3,
+    fused_batch_norm_sync_backprop_input,
+    fused_batch_norm_sync_grad_sums,
+    fused_batch_norm_sync_stats,
     fused_batch_norm_v3,
 )
 
@@ -33,6 +36,9 @@ __all__ = [
     "__version__",
     "fused_batch_norm_v3",
     "fused_batch_norm_grad_v3",
+    "fused_batch_norm_sync_stats",
+    "fused_batch_norm_sync_grad_sums",
+    "fused_batch_norm_sync_backprop_input",
     "fractional_avg_pool",
     "fractional_avg_pool_grad",
     "fractional_max_pool",

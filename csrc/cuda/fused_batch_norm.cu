@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "common/fused_batch_norm.h"
+#include "common/fused_batch_norm_sync.h"
 
 namespace torch_tfgrads {
 namespace {
@@ -333,11 +334,130 @@ fused_batch_norm_grad_v3_cuda(const at::Tensor& y_backprop, const at::Tensor& x,
   return {b.x_backprop, b.scale_backprop, b.offset_backprop, b.rs4, b.rs5};
 }
 
+// ---- synchronized batch norm's local ops (common/fused_batch_norm_sync.h) -----------------
+// The sums are the gradient's partials (PushGrad; x * (x - 0) for the sum of squares), merged
+// in double like finalize_grad; count (elements per channel) goes to out[2C] when given.
+template <typename acc_t>
+__global__ void finalize_sums(const GradSums<acc_t>* parts, int64_t nparts, int64_t C,
+                              bool with_count, acc_t count, acc_t* out) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c == 0 && with_count) out[2 * C] = count;
+  if (c >= C) return;
+  double s1 = 0, s2 = 0;
+  for (int64_t p = 0; p < nparts; ++p) {
+    s1 += parts[p * C + c].sdy;
+    s2 += parts[p * C + c].sdyxc;
+  }
+  out[c] = acc_t(s1);
+  out[C + c] = acc_t(s2);
+}
+
+// The input gradient's coefficients (A, mean(dy), B as in finalize_grad) from the all-reduced
+// sums and count; divide_no_nan when the global count is 0.
+template <typename acc_t>
+__global__ void sync_grad_coef(const acc_t* sums, const acc_t* count, int64_t C, const acc_t* scale,
+                               const acc_t* var, acc_t eps, acc_t* coef) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const acc_t n = count[0];
+  const acc_t inv = acc_t(1) / sqrt(var[c] + eps);
+  coef[c] = scale[c] * inv;
+  coef[C + c] = n == acc_t(0) ? acc_t(0) : sums[c] * (acc_t(1) / n);
+  coef[2 * C + c] = n == acc_t(0) ? acc_t(0) : inv * inv * (sums[C + c] / n);
+}
+
+// Per-channel sums of dy and dy * (x - mean) into out[0:2C] (and the count into out[2C]).
+template <typename scalar_t>
+void sync_sums_cuda(const bn_sync::Prepared& p, const scalar_t* dy, const at::Tensor& mean,
+                    bool with_count, at::Tensor& out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const auto& l = p.layout;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t max_parts = 1024;
+  at::Tensor ws = at::empty({int64_t(sizeof(GradSums<acc_t>)) * max_parts * l.C},
+                            p.x_phys.options().dtype(at::kByte));
+  auto* parts = reinterpret_cast<GradSums<acc_t>*>(ws.data_ptr());
+  const at::Tensor mean_c = mean.contiguous();
+  const int64_t nparts = launch_partials(
+      l,
+      PushGrad<scalar_t, acc_t>{dy, p.x_phys.const_data_ptr<scalar_t>(),
+                                mean_c.const_data_ptr<acc_t>()},
+      parts, max_parts, stream);
+  finalize_sums<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+      parts, nparts, l.C, with_count, acc_t(p.count), out.data_ptr<acc_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor sync_stats_cuda(const at::Tensor& x, c10::string_view data_format) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto p = bn_sync::prepare_stats(x, data_format);
+  at::Tensor out = at::zeros({2 * p.C + 1}, x.options().dtype(p.pdt));
+  if (x.numel() == 0) {
+    out[2 * p.C].fill_(static_cast<double>(p.count));
+    return out;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), bn_sync::kStats, [&] {
+    const at::Tensor zero = at::zeros({p.C}, out.options());  // sum x * (x - 0)
+    sync_sums_cuda<scalar_t>(p, p.x_phys.const_data_ptr<scalar_t>(), zero, true, out);
+  });
+  return out;
+}
+
+at::Tensor sync_grad_sums_cuda(const at::Tensor& y_backprop, const at::Tensor& x,
+                               const at::Tensor& mean, c10::string_view data_format) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto p = bn_sync::prepare_grad(y_backprop, x, mean, data_format, bn_sync::kGradSums);
+  at::Tensor out = at::zeros({2 * p.C}, x.options().dtype(p.pdt));
+  if (x.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, x.scalar_type(), bn_sync::kGradSums,
+      [&] { sync_sums_cuda<scalar_t>(p, p.dy_phys.const_data_ptr<scalar_t>(), mean, false, out); });
+  return out;
+}
+
+at::Tensor sync_backprop_input_cuda(const at::Tensor& y_backprop, const at::Tensor& x,
+                                    const at::Tensor& scale, const at::Tensor& mean,
+                                    const at::Tensor& variance, const at::Tensor& grad_sums,
+                                    const at::Tensor& count, double epsilon,
+                                    c10::string_view data_format) {
+  c10::cuda::CUDAGuard guard(x.device());
+  auto p = bn_sync::prepare_backprop_input(y_backprop, x, scale, mean, variance, grad_sums, count,
+                                           data_format);
+  at::Tensor dx = empty_in_layout(x.sizes(), p.layout, x.options());
+  if (x.numel() == 0) return dx;
+  at::Tensor dx_phys = dx.permute(p.layout.perm);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, x.scalar_type(), bn_sync::kBackpropInput, [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        constexpr bool is_double = std::is_same<scalar_t, double>::value;
+        const acc_t eps = is_double ? acc_t(epsilon) : acc_t(static_cast<float>(epsilon));
+        const auto& l = p.layout;
+        auto stream = c10::cuda::getCurrentCUDAStream();
+        const at::Tensor sc = scale.contiguous(), mu = mean.contiguous(),
+                         var = variance.contiguous(), gs = grad_sums.contiguous();
+        at::Tensor coef = at::empty({3 * l.C}, mu.options());
+        sync_grad_coef<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+            gs.const_data_ptr<acc_t>(), count.const_data_ptr<acc_t>(), l.C,
+            sc.const_data_ptr<acc_t>(), var.const_data_ptr<acc_t>(), eps, coef.data_ptr<acc_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        const int64_t numel = p.x_phys.numel();
+        apply_grad_input<scalar_t, acc_t><<<elementwise_blocks(numel), kThreads, 0, stream>>>(
+            p.dy_phys.const_data_ptr<scalar_t>(), p.x_phys.const_data_ptr<scalar_t>(),
+            dx_phys.data_ptr<scalar_t>(), numel, l.C, l.inner, l.channels_last, true,
+            mu.const_data_ptr<acc_t>(), coef.const_data_ptr<acc_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+  return dx;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(tfgrads, CUDA, m) {
   m.impl("fused_batch_norm_v3", &fused_batch_norm_v3_cuda);
   m.impl("fused_batch_norm_grad_v3", &fused_batch_norm_grad_v3_cuda);
+  m.impl("fused_batch_norm_sync_stats", &sync_stats_cuda);
+  m.impl("fused_batch_norm_sync_grad_sums", &sync_grad_sums_cuda);
+  m.impl("fused_batch_norm_sync_backprop_input", &sync_backprop_input_cuda);
 }
 
 }  // namespace torch_tfgrads

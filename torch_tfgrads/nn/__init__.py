@@ -4,9 +4,12 @@ from .cudnn_rnn import CudnnGRU, CudnnLSTM, CudnnRNNRelu, CudnnRNNTanh
 from .depthwise_conv2d import DepthwiseConv2d
 from .fractional_pool import FractionalAvgPool2d, FractionalMaxPool2d
 from .fused_batch_norm import FusedBatchNorm
+from .sync_batch_norm import SyncFusedBatchNorm, convert_sync_batchnorm
 
 __all__ = [
     "FusedBatchNorm",
+    "SyncFusedBatchNorm",
+    "convert_sync_batchnorm",
     "DepthwiseConv2d",
     "FractionalAvgPool2d",
     "FractionalMaxPool2d",

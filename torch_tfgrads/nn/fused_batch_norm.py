@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed.sync_batch_norm import is_synchronizing, sync_fused_batch_norm
 from ..ops import fused_batch_norm_v3
 from ..ops._common import check_shape as check_input
 
@@ -34,6 +35,13 @@ class FusedBatchNorm(torch.nn.Module):
       ``running * momentum + batch * (1 - momentum)`` with the *biased* batch variance (the op's
       ``reserve_space_2``), the mean the same way. The normalised output is the same either way.
     """
+
+    # Synchronized statistics (SyncFusedBatchNorm, or set by convert_sync_batchnorm on a
+    # subclass such as the Keras converter's layer): in training inside a process group of more
+    # than one process, the batch statistics are those of the global batch.
+    synchronized = False
+    process_group = None
+    keras_version = 3
 
     def __init__(
         self,
@@ -113,6 +121,8 @@ class FusedBatchNorm(torch.nn.Module):
 
         gamma, beta = param(self.weight, 1.0), param(self.bias, 0.0)
         mean, var = self.running_mean.to(pdt), self.running_var.to(pdt)
+        if self.training and self.synchronized and is_synchronizing(self.process_group):
+            return self._synchronized_forward(x, gamma, beta, mean, var)
         if self.training:
             y, new_mean, new_var, batch_mean, batch_var, _ = fused_batch_norm_v3(
                 x,
@@ -142,4 +152,20 @@ class FusedBatchNorm(torch.nn.Module):
             data_format=self.data_format,
             is_training=False,
         )
+        return y
+
+    def _synchronized_forward(self, x, gamma, beta, mean, var):
+        y, batch_mean, batch_var = sync_fused_batch_norm(
+            x, gamma, beta, self.epsilon, self.data_format, self.process_group, self.keras_version
+        )
+        m = self.momentum
+        with torch.no_grad():
+            if self.keras_version == 3:  # Keras 3's formula and rounding order
+                new_mean = mean * m + batch_mean * (1.0 - m)
+                new_var = var * m + batch_var * (1.0 - m)
+            else:  # tf-keras: variable.assign_sub((variable - value) * (1 - momentum))
+                new_mean = mean - (mean - batch_mean) * (1.0 - m)
+                new_var = var - (var - batch_var) * (1.0 - m)
+            self.running_mean.copy_(new_mean)
+            self.running_var.copy_(new_var)
         return y

@@ -24,11 +24,20 @@ from .fractional_pool import (
     fractional_max_pool_grad,
     fractional_pooling_sequence,
 )
-from .fused_batch_norm import fused_batch_norm_grad_v3, fused_batch_norm_v3
+from .fused_batch_norm import (
+    fused_batch_norm_grad_v3,
+    fused_batch_norm_sync_backprop_input,
+    fused_batch_norm_sync_grad_sums,
+    fused_batch_norm_sync_stats,
+    fused_batch_norm_v3,
+)
 
 __all__ = [
     "fused_batch_norm_v3",
     "fused_batch_norm_grad_v3",
+    "fused_batch_norm_sync_stats",
+    "fused_batch_norm_sync_grad_sums",
+    "fused_batch_norm_sync_backprop_input",
     "fractional_avg_pool",
     "fractional_avg_pool_grad",
     "fractional_max_pool",

@@ -1,4 +1,6 @@
-"""FusedBatchNorm family: `fused_batch_norm_v3` and `fused_batch_norm_grad_v3`.
+"""FusedBatchNorm family: `fused_batch_norm_v3`, `fused_batch_norm_grad_v3` and the local ops
+of synchronized batch norm (`fused_batch_norm_sync_*`, composed with all-reduces by
+torch_tfgrads/distributed/sync_batch_norm.py).
 
 Public functions (TF's argument names and defaults), the fake kernels (the argument checks of
 csrc/common/fused_batch_norm.h with the same messages, and the kernels' output layout) and the
@@ -93,6 +95,53 @@ def fused_batch_norm_grad_v3(
         epsilon,
         data_format,
         is_training,
+    )
+
+
+def fused_batch_norm_sync_stats(x: torch.Tensor, data_format: str = "NHWC") -> torch.Tensor:
+    """The local statistics of synchronized batch norm, packed for one all-reduce.
+
+    Returns ``[sum of x | sum of x**2 | count]`` per channel: ``2C + 1`` values of the parameter
+    dtype (float32 for float16/bfloat16/float32 x, float64 for float64 x), ``count`` being the
+    number of elements per channel (0 for an empty batch). Summing this buffer over processes
+    and applying Keras's ``mean = sum / count``, ``variance = sum_sq / count - mean**2`` gives the
+    global batch statistics. Differentiable w.r.t. x.
+    """
+    return torch.ops.tfgrads.fused_batch_norm_sync_stats.default(x, data_format)
+
+
+def fused_batch_norm_sync_grad_sums(
+    y_backprop: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, data_format: str = "NHWC"
+) -> torch.Tensor:
+    """The local sums of synchronized batch norm's backward: ``[sum dy | sum dy * (x - mean)]``
+    per channel (``2C`` values of the parameter dtype), to be all-reduced. ``mean`` is the
+    global batch mean the forward normalised with."""
+    return torch.ops.tfgrads.fused_batch_norm_sync_grad_sums.default(
+        y_backprop, x, mean, data_format
+    )
+
+
+def fused_batch_norm_sync_backprop_input(
+    y_backprop: torch.Tensor,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    mean: torch.Tensor,
+    variance: torch.Tensor,
+    grad_sums: torch.Tensor,
+    count: torch.Tensor,
+    epsilon: float = 1e-3,
+    data_format: str = "NHWC",
+) -> torch.Tensor:
+    """Synchronized batch norm's input gradient from the all-reduced sums.
+
+    ``dx = scale * r * ((dy - sum_dy / n) - (x - mean) * r**2 * sum_dy_xc / n)`` with
+    ``r = 1 / sqrt(variance + epsilon)``, ``grad_sums = [sum_dy | sum_dy_xc]`` (the
+    all-reduced output of :func:`fused_batch_norm_sync_grad_sums`) and ``count`` (a 1-element
+    tensor, the all-reduced count of :func:`fused_batch_norm_sync_stats`); zero terms when
+    ``n`` is 0. ``mean``/``variance`` are the global batch statistics.
+    """
+    return torch.ops.tfgrads.fused_batch_norm_sync_backprop_input.default(
+        y_backprop, x, scale, mean, variance, grad_sums, count, epsilon, data_format
     )
 
 
@@ -277,6 +326,94 @@ def _fused_batch_norm_grad_v3_fake(
     )
 
 
+_SYNC_STATS = "fused_batch_norm_sync_stats"
+_SYNC_GRAD_SUMS = "fused_batch_norm_sync_grad_sums"
+_SYNC_BACKPROP_INPUT = "fused_batch_norm_sync_backprop_input"
+
+
+def _sync_prepare_x(x, data_format, op):
+    """csrc/common/fused_batch_norm_sync.h's prepare_x: (channel dim, C, parameter dtype)."""
+    cf = bn_channels_first(data_format, op)
+    pdt = _bn_param_dtype(x, op)
+    _bn_rank(x, op, "x")
+    cdim = 1 if cf else x.dim() - 1
+    return cdim, x.shape[cdim], pdt
+
+
+def _sync_prepare_grad(y_backprop, x, mean, data_format, op):
+    cdim, C, pdt = _sync_prepare_x(x, data_format, op)
+    torch._check_type(
+        y_backprop.dtype == x.dtype,
+        lambda: (
+            f"{op}: argument 'y_backprop' must have the dtype of x ({scalar_type_name(x.dtype)}), "
+            f"got {scalar_type_name(y_backprop.dtype)}"
+        ),
+    )
+    torch._check(
+        x.shape == y_backprop.shape,
+        lambda: (
+            f"{op}: argument 'y_backprop': x and y_backprop must have same shape, but x has shape "
+            f"{tf_shape(x.shape)} and y_backprop has shape {tf_shape(y_backprop.shape)}"
+        ),
+    )
+    _bn_vector(mean, op, "mean", "mean")
+    _bn_channels(mean, C, op, "mean")
+    _bn_dtype(mean, pdt, op, "mean")
+    bn_same_device(x, y_backprop, op, "x", "y_backprop")
+    bn_same_device(x, mean, op, "x", "mean")
+    return cdim, C, pdt
+
+
+def _sync_check_packed(t, n, x, pdt, op, name, what):
+    torch._check(
+        t.dim() == 1 and t.numel() == n,
+        lambda: (
+            f"{op}: argument '{name}' must be a 1-D tensor of {n} elements ({what}), got shape "
+            f"{tf_shape(t.shape)}"
+        ),
+    )
+    _bn_dtype(t, pdt, op, name)
+    bn_same_device(x, t, op, "x", name)
+
+
+@torch.library.register_fake("tfgrads::fused_batch_norm_sync_stats")
+def _fused_batch_norm_sync_stats_fake(x, data_format="NHWC"):
+    _cdim, C, pdt = _sync_prepare_x(x, data_format, _SYNC_STATS)
+    return x.new_empty((2 * C + 1,), dtype=pdt)
+
+
+@torch.library.register_fake("tfgrads::fused_batch_norm_sync_grad_sums")
+def _fused_batch_norm_sync_grad_sums_fake(y_backprop, x, mean, data_format="NHWC"):
+    _cdim, C, pdt = _sync_prepare_grad(y_backprop, x, mean, data_format, _SYNC_GRAD_SUMS)
+    return x.new_empty((2 * C,), dtype=pdt)
+
+
+@torch.library.register_fake("tfgrads::fused_batch_norm_sync_backprop_input")
+def _fused_batch_norm_sync_backprop_input_fake(
+    y_backprop, x, scale, mean, variance, grad_sums, count, epsilon=1e-3, data_format="NHWC"
+):
+    op = _SYNC_BACKPROP_INPUT
+    cdim, C, pdt = _sync_prepare_grad(y_backprop, x, mean, data_format, op)
+    for t, name in ((scale, "scale"), (variance, "variance")):
+        _bn_vector(t, op, name, name)
+        _bn_channels(t, C, op, name)
+        _bn_dtype(t, pdt, op, name)
+        bn_same_device(x, t, op, "x", name)
+    _sync_check_packed(
+        grad_sums,
+        2 * C,
+        x,
+        pdt,
+        op,
+        "grad_sums",
+        "the all-reduced sums of y_backprop and y_backprop * (x - mean)",
+    )
+    _sync_check_packed(count, 1, x, pdt, op, "count", "the all-reduced element count per channel")
+    cf = cdim == 1
+    perm = channel_layout_perm(x, cdim, natural_channels_last=not cf)
+    return empty_in_layout(x, x.shape, perm)
+
+
 # ---- autograd ---------------------------------------------------------------------------------
 # TF's `_FusedBatchNormV3Grad` (nn_grad.py): gradients for x, scale, offset from dL/dy only;
 # none for mean/variance, none through the statistics outputs (they are marked
@@ -328,4 +465,31 @@ torch.library.register_autograd(
     "tfgrads::fused_batch_norm_grad_v3",
     _batch_norm_grad_backward,
     setup_context=_batch_norm_grad_setup_context,
+)
+
+
+# sync_stats: d(sum x)/dx = 1 and d(sum x^2)/dx = 2x per channel; the count has no gradient.
+# (Synchronized batch norm itself differentiates through its all-reduces with its own backward,
+# distributed/sync_batch_norm.py; this formula serves direct users of the op.)
+def _sync_stats_setup_context(ctx, inputs, output):
+    x, data_format = inputs
+    ctx.save_for_backward(x)
+    ctx.data_format = data_format
+
+
+def _sync_stats_backward(ctx, g):
+    (x,) = ctx.saved_tensors
+    cf = bn_channels_first(ctx.data_format, _SYNC_STATS)
+    cdim = 1 if cf else x.dim() - 1
+    C = x.shape[cdim]
+    shape = [1] * x.dim()
+    shape[cdim] = C
+    g_sum, g_sq = g[:C].reshape(shape), g[C : 2 * C].reshape(shape)
+    return (g_sum + 2 * x.to(g.dtype) * g_sq).to(x.dtype), None
+
+
+torch.library.register_autograd(
+    "tfgrads::fused_batch_norm_sync_stats",
+    _sync_stats_backward,
+    setup_context=_sync_stats_setup_context,
 )

@@ -1,0 +1,127 @@
+"""Synchronized FusedBatchNorm: Keras's ``BatchNormalization(synchronized=True)`` over
+``torch.distributed``.
+
+Forward: every process computes its per-channel ``[sum x | sum x^2 | count]``
+(``fused_batch_norm_sync_stats``), one SUM all-reduce of that ``2C + 1`` buffer, Keras's
+statistics ``mean = sum / count``, ``variance = sum_sq / count - mean^2`` (clamped at 0 by Keras
+3, not by tf-keras), then this library's batch-norm kernel normalises with them. Backward: the
+local ``[sum dy | sum dy * (x - mean)]`` (``fused_batch_norm_sync_grad_sums``), one all-reduce of
+that ``2C`` buffer, the input gradient from the global sums
+(``fused_batch_norm_sync_backprop_input``); the scale/offset gradients stay local, as DDP
+averages them. The collectives are torch's functional ones, so ``torch.compile`` keeps the whole
+step in one graph, and nothing waits on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..ops import (
+    fused_batch_norm_sync_backprop_input,
+    fused_batch_norm_sync_grad_sums,
+    fused_batch_norm_sync_stats,
+    fused_batch_norm_v3,
+)
+
+_KERAS_VERSIONS = (2, 3)
+
+
+def is_synchronizing(process_group: dist.ProcessGroup | None = None) -> bool:
+    """Whether statistics are summed over processes: torch.distributed is initialised and the
+    group (default: the world) has more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
+
+
+def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
+    if not is_synchronizing(group):
+        return t  # Keras's default replica context: the all-reduce of one replica
+    from torch.distributed import _functional_collectives as funcol
+
+    out = funcol.all_reduce(t, "sum", group if group is not None else dist.group.WORLD)
+    return funcol.wait_tensor(out) if isinstance(out, funcol.AsyncCollectiveTensor) else out
+
+
+def keras_moments(
+    total: torch.Tensor, channels: int, keras_version: int = 3
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keras's global ``(mean, variance, count)`` from the all-reduced ``[sum | sum_sq | count]``.
+
+    Keras 3: ``divide_no_nan`` by the count and ``maximum(E[x^2] - E[x]^2, 0)``; tf-keras: plain
+    division, no clamp (an empty global batch gives NaN there, as in tf-keras).
+    """
+    C = channels
+    s, sq, count = total[:C], total[C : 2 * C], total[2 * C :]
+    if keras_version == 3:
+        zero = torch.zeros_like(s)
+        mean = torch.where(count == 0, zero, s / count)
+        sq_mean = torch.where(count == 0, zero, sq / count)
+        return mean, torch.clamp_min(sq_mean - mean * mean, 0.0), count
+    mean = s / count
+    return mean, sq / count - mean * mean, count
+
+
+class _SyncFusedBatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, offset, epsilon, data_format, group, keras_version):
+        C = scale.shape[0]
+        total = _all_reduce_sum(fused_batch_norm_sync_stats(x, data_format), group)
+        mean, var, count = keras_moments(total, C, keras_version)
+        y = fused_batch_norm_v3(
+            x, scale, offset, mean, var, epsilon, data_format=data_format, is_training=False
+        )[0]
+        ctx.save_for_backward(x, scale, mean, var, count)
+        ctx.epsilon, ctx.data_format, ctx.group = epsilon, data_format, group
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var
+
+    @staticmethod
+    def backward(ctx, dy, _g_mean, _g_var):
+        x, scale, mean, var, count = ctx.saved_tensors
+        if torch.is_grad_enabled() and (dy.requires_grad or x.requires_grad):
+            raise NotImplementedError(
+                "sync_fused_batch_norm: double backward (create_graph=True through a "
+                "synchronized batch norm) is not supported; use FusedBatchNorm outside a "
+                "process group, whose gradient is twice differentiable"
+            )
+        C = scale.shape[0]
+        local = fused_batch_norm_sync_grad_sums(dy, x, mean, ctx.data_format)
+        total = _all_reduce_sum(local, ctx.group)
+        dx = fused_batch_norm_sync_backprop_input(
+            dy, x, scale, mean, var, total, count, ctx.epsilon, ctx.data_format
+        )
+        inv = 1.0 / torch.sqrt(var + ctx.epsilon)
+        return dx, local[C:] * inv, local[:C], None, None, None, None
+
+
+def sync_fused_batch_norm(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor,
+    epsilon: float = 1e-3,
+    data_format: str = "NHWC",
+    process_group: dist.ProcessGroup | None = None,
+    keras_version: int = 3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch norm in training with statistics over every process of ``process_group``.
+
+    Returns ``(y, mean, variance)``: the output and the global batch mean and biased variance
+    (Keras's formula; not differentiable). Differentiable w.r.t. ``x``, ``scale`` and
+    ``offset`` once (the backward takes one all-reduce; double backward raises
+    NotImplementedError). Every process of the group must call it, also one whose batch is
+    empty (it contributes a count of 0). Outside an initialised process group, or with one
+    process, the all-reduces are the identity and the result is Keras's synchronized layer on
+    one replica.
+
+    Example (inside a process started by ``torchrun``)::
+
+        y, mean, var = sync_fused_batch_norm(x, gamma, beta, epsilon=1e-3)
+    """
+    if keras_version not in _KERAS_VERSIONS:
+        raise ValueError(
+            f"sync_fused_batch_norm: argument 'keras_version' must be 2 (tf-keras) or 3, "
+            f"got {keras_version!r}"
+        )
+    return _SyncFusedBatchNorm.apply(
+        x, scale, offset, epsilon, data_format, process_group, keras_version
+    )
