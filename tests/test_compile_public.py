@@ -21,6 +21,17 @@ def _bn():
             lambda dy, x, s, r1, r2: T.fused_batch_norm_grad_v3(dy, x, s, r1, r2),
             (torch.randn_like(x), x, s, y[3], y[4]),
         ),
+        "fused_batch_norm_sync_stats": (lambda x: T.fused_batch_norm_sync_stats(x), (x,)),
+        "fused_batch_norm_sync_grad_sums": (
+            lambda dy, x, m: T.fused_batch_norm_sync_grad_sums(dy, x, m),
+            (torch.randn_like(x), x, y[3]),
+        ),
+        "fused_batch_norm_sync_backprop_input": (
+            lambda dy, x, s, m, v, g, n: T.fused_batch_norm_sync_backprop_input(
+                dy, x, s, m, v, g, n
+            ),
+            (torch.randn_like(x), x, s, y[3], y[4], torch.randn(12), torch.tensor([60.0])),
+        ),
     }
 
 

@@ -8,6 +8,7 @@ from torch.autograd import gradcheck, gradgradcheck
 import fused_batch_norm_reference as ref
 import torch_tfgrads as T
 from helpers import DEVICES, rel_err
+from test_fused_batch_norm_sync import sync_opcheck_samples
 
 FORMATS_4D = ["NHWC", "NCHW"]
 FORMATS_5D = ["NDHWC", "NCDHW"]
@@ -332,6 +333,7 @@ def opcheck_samples():
                 (dy, xs, scale, rs1, rs2, out[5], eps, fmt, training),
                 {},
             )
+    yield from sync_opcheck_samples()
 
 
 @pytest.mark.parametrize("sample", list(opcheck_samples()), ids=lambda s: s[0])

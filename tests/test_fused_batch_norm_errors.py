@@ -98,9 +98,50 @@ EXTRA = {
     ),
 }
 
+# The synchronized batch norm's local ops (no TF counterpart): each check once.
+_x, _c = o(2, 2, 2, 4), o(4)
+SYNC = {
+    "stats bad data_format": ("stats", (_x,), {"data_format": "NWHC"}, ValueError),
+    "stats int32 x": ("stats", (o(2, 2, 2, 4, dtype=torch.int32),), {}, TypeError),
+    "stats 3-D x": ("stats", (o(2, 2, 4),), {}, RuntimeError),
+    "grad_sums dy float64": ("gsums", (o(2, 2, 2, 4, dtype=D), _x, _c), {}, TypeError),
+    "grad_sums dy shape": ("gsums", (o(2, 2, 3, 4), _x, _c), {}, RuntimeError),
+    "grad_sums mean size": ("gsums", (_x, _x, o(3)), {}, RuntimeError),
+    "grad_sums mean 2-D": ("gsums", (_x, _x, o(1, 4)), {}, RuntimeError),
+    "grad_sums mean float64": ("gsums", (_x, _x, o(4, dtype=D)), {}, TypeError),
+    "backprop_input variance size": ("bpi", (_x, _x, _c, _c, o(5), o(8), o(1)), {}, RuntimeError),
+    "backprop_input scale float64": (
+        "bpi",
+        (_x, _x, o(4, dtype=D), _c, _c, o(8), o(1)),
+        {},
+        TypeError,
+    ),
+    "backprop_input grad_sums size": ("bpi", (_x, _x, _c, _c, _c, o(9), o(1)), {}, RuntimeError),
+    "backprop_input count 0-D": ("bpi", (_x, _x, _c, _c, _c, o(8), o()), {}, RuntimeError),
+    "backprop_input count float64": (
+        "bpi",
+        (_x, _x, _c, _c, _c, o(8), o(1, dtype=D)),
+        {},
+        TypeError,
+    ),
+    "backprop_input NCHW": (
+        "bpi",
+        (_x, _x, _c, _c, _c, o(8), o(1)),
+        {"data_format": "NCHW"},
+        RuntimeError,
+    ),
+}
+
 CASES = {name: (*BAD_INPUTS[name], ERROR_TYPE.get(name, RuntimeError)) for name in BAD_INPUTS}
 CASES.update(EXTRA)
-OPS = {"fwd": T.fused_batch_norm_v3, "bwd": T.fused_batch_norm_grad_v3}
+CASES.update(SYNC)
+OPS = {
+    "fwd": T.fused_batch_norm_v3,
+    "bwd": T.fused_batch_norm_grad_v3,
+    "stats": T.fused_batch_norm_sync_stats,
+    "gsums": T.fused_batch_norm_sync_grad_sums,
+    "bpi": T.fused_batch_norm_sync_backprop_input,
+}
 
 
 def run(kind, args, kw, mode=None):
@@ -128,10 +169,10 @@ def test_fake_raises_what_the_kernel_raises(name):
     assert (type(fake), str(fake)) == (type(real), str(real))
 
 
-@pytest.mark.parametrize("name", list(EXTRA))
+@pytest.mark.parametrize("name", [*EXTRA, *SYNC])
 def test_exception_type_of_each_extra_case(name):
     # (test_fused_batch_norm_tf.py checks the type of each case of TF's table)
-    kind, args, kw, expected = EXTRA[name]
+    kind, args, kw, expected = {**EXTRA, **SYNC}[name]
     with pytest.raises(Exception) as info:
         OPS[kind](*args, **kw)
     assert type(info.value) is expected, repr(info.value)

@@ -804,3 +804,26 @@ def test_tensor_operators_and_dropout_noise_shape(tf, keras, floatx, tmp_path):
     kept = (y != 0).flatten(1).any(1)
     assert 0 < kept.sum() < 64
     assert torch.allclose(y[kept], 2 * ref[kept]) and (y[~kept] == 0).all()
+
+
+def test_synchronized_batch_norm_loads_and_converts(tf, keras, tmp_path):
+    """BatchNormalization(synchronized=True) loads (global statistics under torch.distributed;
+    on one process Keras and we both give the layer's ordinary numbers), and
+    convert_sync_batchnorm switches a loaded model's layers in place, Keras names kept."""
+    from torch_tfgrads.nn import convert_sync_batchnorm
+
+    L = keras.layers
+    inp = L.Input((4, 4, 3))
+    x = L.BatchNormalization(synchronized=True, name="bn_sync")(inp)
+    out = L.BatchNormalization(name="bn_plain")(x)
+    kmodel = keras.Model(inp, out)
+    _randomize(kmodel)
+    module = load_model(_save(kmodel, tmp_path, "keras"))
+    assert module.bn_sync.synchronized and module.bn_sync.keras_version == 3
+    assert not module.bn_plain.synchronized
+    x = np.random.default_rng(1).normal(size=(5, 4, 4, 3)).astype(np.float32) + 2
+    _compare(tf, kmodel, module, [x], 1e-5, 1e-4, modes=(True,))
+    keys = list(module.state_dict())
+    assert convert_sync_batchnorm(module) is module
+    assert module.bn_plain.synchronized and module.bn_plain.keras_version == 3
+    assert list(module.state_dict()) == keys and "bn_plain.moving_variance" in keys

@@ -24,6 +24,10 @@ INTERNAL = {
     "_fractional_max_pool_grad_backward": "double backward of fractional_max_pool_grad",
 }
 NO_AUTOGRAD = {
+    "fused_batch_norm_sync_grad_sums": "backward half of synchronized batch norm, whose double "
+    "backward is refused with NotImplementedError (distributed/sync_batch_norm.py)",
+    "fused_batch_norm_sync_backprop_input": "backward half of synchronized batch norm, whose "
+    "double backward is refused with NotImplementedError (distributed/sync_batch_norm.py)",
     "fractional_pooling_sequence": "returns integer cell boundaries: nothing to differentiate",
 }
 NO_BENCHMARK = {

@@ -4,7 +4,7 @@
 Forward: every process computes its per-channel ``[sum x | sum x^2 | count]``
 (``fused_batch_norm_sync_stats``), one SUM all-reduce of that ``2C + 1`` buffer, Keras's
 statistics ``mean = sum / count``, ``variance = sum_sq / count - mean^2`` (clamped at 0 by Keras
-3, not by tf-keras), then this library's batch-norm kernel normalises with them. Backward: the
+3 and tf-keras 2.21 alike), then this library's batch-norm kernel normalises with them. Backward: the
 local ``[sum dy | sum dy * (x - mean)]`` (``fused_batch_norm_sync_grad_sums``), one all-reduce of
 that ``2C`` buffer, the input gradient from the global sums
 (``fused_batch_norm_sync_backprop_input``); the scale/offset gradients stay local, as DDP
@@ -24,8 +24,6 @@ from ..ops import (
     fused_batch_norm_v3,
 )
 
-_KERAS_VERSIONS = (2, 3)
-
 
 def is_synchronizing(process_group: dist.ProcessGroup | None = None) -> bool:
     """Whether statistics are summed over processes: torch.distributed is initialised and the
@@ -43,30 +41,25 @@ def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
 
 
 def keras_moments(
-    total: torch.Tensor, channels: int, keras_version: int = 3
+    total: torch.Tensor, channels: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Keras's global ``(mean, variance, count)`` from the all-reduced ``[sum | sum_sq | count]``.
-
-    Keras 3: ``divide_no_nan`` by the count and ``maximum(E[x^2] - E[x]^2, 0)``; tf-keras: plain
-    division, no clamp (an empty global batch gives NaN there, as in tf-keras).
-    """
+    """Keras's global ``(mean, variance, count)`` from the all-reduced ``[sum | sum_sq | count]``:
+    ``divide_no_nan`` by the count and ``maximum(E[x^2] - E[x]^2, 0)`` (Keras 3 and tf-keras 2.21
+    alike; an empty global batch gives 0)."""
     C = channels
     s, sq, count = total[:C], total[C : 2 * C], total[2 * C :]
-    if keras_version == 3:
-        zero = torch.zeros_like(s)
-        mean = torch.where(count == 0, zero, s / count)
-        sq_mean = torch.where(count == 0, zero, sq / count)
-        return mean, torch.clamp_min(sq_mean - mean * mean, 0.0), count
-    mean = s / count
-    return mean, sq / count - mean * mean, count
+    zero = torch.zeros_like(s)
+    mean = torch.where(count == 0, zero, s / count)
+    sq_mean = torch.where(count == 0, zero, sq / count)
+    return mean, torch.clamp_min(sq_mean - mean * mean, 0.0), count
 
 
 class _SyncFusedBatchNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, scale, offset, epsilon, data_format, group, keras_version):
+    def forward(ctx, x, scale, offset, epsilon, data_format, group):
         C = scale.shape[0]
         total = _all_reduce_sum(fused_batch_norm_sync_stats(x, data_format), group)
-        mean, var, count = keras_moments(total, C, keras_version)
+        mean, var, count = keras_moments(total, C)
         y = fused_batch_norm_v3(
             x, scale, offset, mean, var, epsilon, data_format=data_format, is_training=False
         )[0]
@@ -91,7 +84,7 @@ class _SyncFusedBatchNorm(torch.autograd.Function):
             dy, x, scale, mean, var, total, count, ctx.epsilon, ctx.data_format
         )
         inv = 1.0 / torch.sqrt(var + ctx.epsilon)
-        return dx, local[C:] * inv, local[:C], None, None, None, None
+        return dx, local[C:] * inv, local[:C], None, None, None
 
 
 def sync_fused_batch_norm(
@@ -101,7 +94,6 @@ def sync_fused_batch_norm(
     epsilon: float = 1e-3,
     data_format: str = "NHWC",
     process_group: dist.ProcessGroup | None = None,
-    keras_version: int = 3,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Batch norm in training with statistics over every process of ``process_group``.
 
@@ -117,11 +109,4 @@ def sync_fused_batch_norm(
 
         y, mean, var = sync_fused_batch_norm(x, gamma, beta, epsilon=1e-3)
     """
-    if keras_version not in _KERAS_VERSIONS:
-        raise ValueError(
-            f"sync_fused_batch_norm: argument 'keras_version' must be 2 (tf-keras) or 3, "
-            f"got {keras_version!r}"
-        )
-    return _SyncFusedBatchNorm.apply(
-        x, scale, offset, epsilon, data_format, process_group, keras_version
-    )
+    return _SyncFusedBatchNorm.apply(x, scale, offset, epsilon, data_format, process_group)

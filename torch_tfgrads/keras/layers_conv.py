@@ -163,6 +163,8 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
     False) and the biased one otherwise. Input of any rank >= 2 is normalised over every axis
     but the last, as Keras does. A layer saved with ``trainable=False`` always normalises with
     the moving statistics (Keras 3 does the same in training mode) and its weights are frozen.
+    ``synchronized=True`` (or ``nn.convert_sync_batchnorm``) gives global-batch statistics under
+    torch.distributed, as nn.SyncFusedBatchNorm.
     """
 
     def __init__(self, cfg, ctx):
@@ -174,8 +176,6 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         for opt in ("renorm", "virtual_batch_size", "adjustment"):
             if cfg.get(opt):
                 raise ctx.fail(f"{opt}={cfg[opt]!r} is not supported")
-        if cfg.get("synchronized"):
-            raise ctx.fail("synchronized=True is not supported")
         center, scale = cfg.get("center", True), cfg.get("scale", True)
         names = (
             (["gamma"] if scale else [])
@@ -213,6 +213,11 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         self.keras_variables = tuple(names)
         self.layer_trainable = bool(cfg.get("trainable", True))
         self.keras_major = ctx.keras_major
+        # synchronized=True: global-batch statistics inside a process group of more than one
+        # process (nn.SyncFusedBatchNorm's semantics); otherwise it is the ordinary layer, as
+        # Keras is outside a distribution strategy up to rounding.
+        self.synchronized = bool(cfg.get("synchronized", False))
+        self.keras_version = 3 if ctx.keras_major >= 3 else 2
 
     def forward(self, x):
         if self.axis not in (-1, x.dim() - 1):

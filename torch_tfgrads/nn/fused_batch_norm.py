@@ -156,16 +156,19 @@ class FusedBatchNorm(torch.nn.Module):
 
     def _synchronized_forward(self, x, gamma, beta, mean, var):
         y, batch_mean, batch_var = sync_fused_batch_norm(
-            x, gamma, beta, self.epsilon, self.data_format, self.process_group, self.keras_version
+            x, gamma, beta, self.epsilon, self.data_format, self.process_group
         )
         m = self.momentum
         with torch.no_grad():
             if self.keras_version == 3:  # Keras 3's formula and rounding order
                 new_mean = mean * m + batch_mean * (1.0 - m)
                 new_var = var * m + batch_var * (1.0 - m)
-            else:  # tf-keras: variable.assign_sub((variable - value) * (1 - momentum))
-                new_mean = mean - (mean - batch_mean) * (1.0 - m)
-                new_var = var - (var - batch_var) * (1.0 - m)
+            elif x.numel() == 0:  # tf-keras leaves a replica with an empty batch unchanged
+                return y
+            else:  # tf-keras: assign_sub((variable - value) * decay), decay a float32 constant
+                decay = torch.tensor(1.0 - m, dtype=torch.float32).to(mean.dtype)
+                new_mean = mean - (mean - batch_mean) * decay
+                new_var = var - (var - batch_var) * decay
             self.running_mean.copy_(new_mean)
             self.running_var.copy_(new_var)
         return y

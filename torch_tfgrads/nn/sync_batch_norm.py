@@ -30,10 +30,11 @@ class SyncFusedBatchNorm(FusedBatchNorm):
     Matches ``keras.layers.BatchNormalization(synchronized=True)`` under a TF distribution
     strategy: per-channel ``sum``, ``sum of squares`` and ``count`` summed over the processes of
     ``process_group`` (default: the world) in one all-reduce, ``mean = sum / count`` and the
-    biased ``variance = E[x^2] - mean^2`` (Keras 3 clamps it at 0; ``keras_version=2``, tf-keras,
-    does not), the moving statistics updated with that biased variance and Keras's momentum
-    (Keras 3: ``moving * momentum + batch * (1 - momentum)``; tf-keras:
-    ``moving - (moving - batch) * (1 - momentum)``). The backward all-reduces
+    biased ``variance = max(E[x^2] - mean^2, 0)``, the moving statistics updated with that biased
+    variance and Keras's momentum in the Keras version's rounding order (Keras 3:
+    ``moving * momentum + batch * (1 - momentum)``; ``keras_version=2``, tf-keras:
+    ``moving - (moving - batch) * decay`` with ``decay`` the float32 ``1 - momentum``, and no
+    update on a process whose batch is empty). The backward all-reduces
     ``(sum dy, sum dy * x_hat)`` once; the gradients of ``weight``/``bias`` stay local for DDP to
     average. Every process must run the forward and backward, also one with an empty batch.
 
@@ -81,7 +82,9 @@ class SyncFusedBatchNorm(FusedBatchNorm):
 
 
 def convert_sync_batchnorm(
-    module: torch.nn.Module, process_group: dist.ProcessGroup | None = None
+    module: torch.nn.Module,
+    process_group: dist.ProcessGroup | None = None,
+    keras_version: int | None = None,
 ) -> torch.nn.Module:
     """Makes every batch norm of ``module`` synchronized over ``process_group`` (default: the
     world), keeping its weights and buffers (the same tensors), like
@@ -89,12 +92,15 @@ def convert_sync_batchnorm(
 
     A :class:`FusedBatchNorm` is replaced by a :class:`SyncFusedBatchNorm`; a subclass (such as
     the Keras converter's ``BatchNormalization``, which keeps Keras's variable names) is switched
-    in place. The Keras version of the statistics follows the layer: Keras 3's rule for a layer
-    with the biased moving-variance rule (or loaded from a Keras 3 file), tf-keras's otherwise.
+    in place. ``keras_version`` picks the moving averages' Keras (3, or 2 for tf-keras's rounding
+    order); by default a layer loaded from a Keras file keeps
+    its file's Keras and every other layer gets Keras 3's rule.
     Returns the converted module (a new object when ``module`` itself was a FusedBatchNorm).
     Call it before wrapping the model in DistributedDataParallel.
     """
     _check_group(process_group, "convert_sync_batchnorm")
+    if keras_version is not None:
+        _check_keras_version(keras_version, "convert_sync_batchnorm")
     if not isinstance(module, torch.nn.Module):
         raise TypeError(
             f"convert_sync_batchnorm: argument 'module' must be a torch.nn.Module, got "
@@ -102,9 +108,9 @@ def convert_sync_batchnorm(
         )
     out = module
     if isinstance(module, FusedBatchNorm):
-        keras_version = getattr(module, "keras_major", None)
-        if keras_version not in (2, 3):
-            keras_version = 3 if module.moving_variance_rule == "biased" else 2
+        version = keras_version
+        if version is None:
+            version = 2 if getattr(module, "keras_major", 3) < 3 else 3
         if type(module) is FusedBatchNorm:
             out = SyncFusedBatchNorm(
                 module.num_features,
@@ -114,7 +120,7 @@ def convert_sync_batchnorm(
                 module.scale,
                 module.data_format,
                 process_group=process_group,
-                keras_version=keras_version,
+                keras_version=version,
             )
             with torch.no_grad():
                 out.weight, out.bias = module.weight, module.bias
@@ -122,7 +128,7 @@ def convert_sync_batchnorm(
             out.train(module.training)
         else:
             out.synchronized = True
-            out.process_group, out.keras_version = process_group, keras_version
+            out.process_group, out.keras_version = process_group, version
     for name, child in module.named_children():
-        out.add_module(name, convert_sync_batchnorm(child, process_group))
+        out.add_module(name, convert_sync_batchnorm(child, process_group, keras_version))
     return out

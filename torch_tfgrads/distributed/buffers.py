@@ -1,0 +1,186 @@
+"""TF ``MirroredStrategy``'s semantics for batch-norm moving statistics, for DDP users.
+
+Under ``tf.distribute.MirroredStrategy`` each replica keeps its own copy of a BatchNormalization
+layer's ``moving_mean`` / ``moving_variance`` (``synchronization=ON_READ``,
+``aggregation=MEAN``): every replica updates its copy from its local batch, and reading the
+variable outside the replica context, or saving a checkpoint, gives the mean over the replicas.
+
+``DistributedDataParallel`` by default does something else: it copies rank 0's buffers to every
+rank before each forward (``forward_sync_buffers=True``, formerly ``broadcast_buffers=True``),
+so after k steps rank 0 holds the statistics of its own batches alone and every other rank
+holds rank 0's statistics of k - 1 steps updated with its own k-th batch. To get TF's
+semantics, wrap with ``forward_sync_buffers=False`` (each rank then keeps its own copy, as a TF
+replica does; DDP still copies rank 0's initial buffers at construction, as TF initialises the
+replicas alike) and take the mean over ranks when reading or saving, with
+:func:`replica_mean_state_dict`, or fold it into the modules with :func:`average_buffers_`.
+(``broadcast_buffers=False``, deprecated since torch 2.13, also skips that initial copy.)
+
+Only the ``running_mean`` / ``running_var`` of :class:`torch_tfgrads.nn.FusedBatchNorm`
+submodules (and subclasses) are averaged: those are the variables TF aggregates this way.
+Other buffers, and ``torch.nn.BatchNorm*`` (whose distributed answer is
+``torch.nn.SyncBatchNorm``), are left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch
+
+from ..nn import FusedBatchNorm
+
+__all__ = ["average_buffers_", "replica_mean_state_dict"]
+
+_STATS = ("running_mean", "running_var")
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
+
+def _check_args(fn: str, module: Any, process_group: Any) -> None:
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"{fn}: argument 'module' must be a torch.nn.Module, got {type(module).__name__}"
+        )
+    if process_group is None:
+        return
+    dist = torch.distributed
+    # new_group() hands the ranks outside the group this marker (an int), not a ProcessGroup.
+    outsider = dist.is_available() and type(process_group) is int
+    if outsider and process_group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"{fn}: this rank is not a member of argument 'process_group' (new_group "
+            "returned GroupMember.NON_GROUP_MEMBER here); call it on the group's ranks only"
+        )
+    if not (dist.is_available() and isinstance(process_group, dist.ProcessGroup)):
+        raise TypeError(
+            f"{fn}: argument 'process_group' must be a torch.distributed.ProcessGroup or None, "
+            f"got {type(process_group).__name__}"
+        )
+
+
+def _world_size(fn: str, process_group: Any) -> int:
+    """The group's size, or 1 where there is nothing to average over (no process group)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return 1
+    size = torch.distributed.get_world_size(process_group)
+    if size < 1:  # torch's answer for a rank outside the group
+        raise ValueError(
+            f"{fn}: this rank ({torch.distributed.get_rank()}) is not a member of argument "
+            "'process_group'"
+        )
+    return size
+
+
+def _batch_norms(module: torch.nn.Module) -> list[FusedBatchNorm]:
+    return [m for m in module.modules() if isinstance(m, FusedBatchNorm)]
+
+
+def _replica_means(
+    bns: list[FusedBatchNorm], process_group: Any, world_size: int
+) -> dict[tuple[int, str], torch.Tensor]:
+    """``{(id(bn), buffer name): mean over ranks}``, with one all-reduce per (device, dtype)."""
+    tensors = [(id(bn), name, getattr(bn, name)) for bn in bns for name in _STATS]
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, (_, _, t) in enumerate(tensors):
+        # float16/bfloat16 statistics (a module converted with .half()) are summed in float32:
+        # a sum over many ranks could overflow or lose the small ones.
+        acc = torch.promote_types(t.dtype, torch.float32)
+        groups.setdefault((t.device, acc), []).append(i)
+    means = {}
+    # The same module structure gives every rank the same groups in the same order, so the
+    # all-reduces pair up.
+    for (_, acc), idx in groups.items():
+        flat = torch.cat([tensors[i][2].detach().reshape(-1).to(acc) for i in idx])
+        torch.distributed.all_reduce(flat, torch.distributed.ReduceOp.SUM, group=process_group)
+        flat.div_(world_size)  # (gloo has no ReduceOp.AVG)
+        pieces = flat.split([tensors[i][2].numel() for i in idx])
+        for i, piece in zip(idx, pieces):
+            key, name, t = tensors[i]
+            means[(key, name)] = piece.view_as(t).to(t.dtype)
+    return means
+
+
+@torch.no_grad()
+def average_buffers_(module: ModuleT, process_group: Any = None) -> ModuleT:
+    """Replace, in place on every rank, the moving statistics of each FusedBatchNorm in
+    ``module`` by their mean over the ranks of ``process_group``: TF MirroredStrategy's value of
+    an ON_READ / MEAN variable, now held by every replica. Returns ``module``.
+
+    A collective: every rank of the group must call it, with modules of the same structure
+    (e.g. before evaluating, or at the end of an epoch). It does nothing when no process group
+    is initialised or the group has one rank. ``module`` may be the
+    ``DistributedDataParallel`` wrapper or the model inside it.
+
+    Why this is safe in the middle of training: the moving-average update
+    ``running <- (1 - f) * running + f * batch_stat`` is linear, so the mean over ranks after
+    any later step is ``(1 - f) * mean(running) + f * mean(batch_stat)`` whether or not the
+    copies were averaged before it. Averaging changes the per-rank copies, which TF never
+    exposes, but not the mean, which is what TF reads and saves.
+
+    Use it with ``DistributedDataParallel(model, forward_sync_buffers=False)``; with the
+    default (``True``) the next forward overwrites every rank's statistics with rank 0's
+    anyway. As in TF, a rank whose batch was empty holds NaN statistics (the op returns NaN
+    batch statistics for an empty batch), and the mean is then NaN.
+
+    Example::
+
+        model = DistributedDataParallel(model, forward_sync_buffers=False)
+        for x, y in loader:
+            ...  # forward, backward, optimizer step: each rank updates its own statistics
+        average_buffers_(model)  # every rank: the statistics TF would read
+        model.eval()
+
+    Raises TypeError when ``module`` is not an nn.Module or ``process_group`` not a
+    ProcessGroup, ValueError when this rank is not in ``process_group`` (only the group's
+    ranks call it).
+    """
+    _check_args("average_buffers_", module, process_group)
+    world_size = _world_size("average_buffers_", process_group)
+    bns = _batch_norms(module)
+    if world_size == 1 or not bns:
+        return module
+    means = _replica_means(bns, process_group, world_size)
+    for bn in bns:
+        for name in _STATS:
+            getattr(bn, name).copy_(means[(id(bn), name)])
+    return module
+
+
+def replica_mean_state_dict(module: torch.nn.Module, process_group: Any = None) -> dict:
+    """``module.state_dict()`` with the moving statistics of each FusedBatchNorm replaced by
+    their mean over the ranks of ``process_group``: what TF's checkpoint of a MirroredStrategy
+    model saves. ``module`` itself is not changed.
+
+    A collective: call it on every rank of the group (then save on one), with modules of the
+    same structure. Every rank gets the same statistics. Without an initialised process group,
+    or with one rank, it is ``module.state_dict()``. Entries other than the averaged statistics
+    are what ``state_dict()`` returns (detached tensors sharing the module's storage); the
+    averaged ones are new tensors. Keys are ``module``'s: pass ``ddp.module`` rather than the
+    ``DistributedDataParallel`` wrapper for keys without the ``module.`` prefix.
+
+    Example::
+
+        model = DistributedDataParallel(net, forward_sync_buffers=False)
+        ...  # training
+        state = replica_mean_state_dict(net)  # on every rank
+        if torch.distributed.get_rank() == 0:
+            torch.save(state, "ckpt.pt")
+
+    Raises TypeError when ``module`` is not an nn.Module or ``process_group`` not a
+    ProcessGroup, ValueError when this rank is not in ``process_group`` (only the group's
+    ranks call it).
+    """
+    _check_args("replica_mean_state_dict", module, process_group)
+    world_size = _world_size("replica_mean_state_dict", process_group)
+    state = module.state_dict()
+    bns = _batch_norms(module)
+    if world_size == 1 or not bns:
+        return state
+    means = _replica_means(bns, process_group, world_size)
+    # remove_duplicate=False: state_dict lists a shared module under each of its paths.
+    for path, sub in module.named_modules(remove_duplicate=False):
+        if isinstance(sub, FusedBatchNorm):
+            for name in _STATS:
+                key = f"{path}.{name}" if path else name
+                if key in state:  # (a state-dict hook may have renamed or dropped it)
+                    state[key] = means[(id(sub), name)]
+    return state
