@@ -624,3 +624,20 @@ def test_max_grad_avx512_kernel_equals_avx2_kernel_bit_for_bit(tmp_path):
         assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
         assert (ours != 0).any()
     assert errors == len(cases) // 2  # every perturbed orig_output, and only those
+
+
+@pytest.mark.parametrize("cls", [T.nn.FractionalAvgPool2d, T.nn.FractionalMaxPool2d])
+def test_module_accepts_an_empty_batch_the_op_refuses(cls):
+    """A DDP rank without data: an empty output of the pooled size, an empty gradient, and the
+    sequences a non-empty call with the same seeds draws."""
+    m = cls([1.5, 1.4], overlapping=True, deterministic=True, seed=3, seed2=4)
+    x = torch.randn(0, 9, 7, 2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="for dimension 0"):
+        cls._op(x, m.pooling_ratio, False, True, True, 3, 4)
+    y = m(x)
+    rows, cols = m.row_pooling_sequence, m.col_pooling_sequence
+    full = m(torch.randn(2, 9, 7, 2))
+    assert y.shape == (0, *full.shape[1:])
+    assert torch.equal(rows, m.row_pooling_sequence) and torch.equal(cols, m.col_pooling_sequence)
+    y.sum().backward()
+    assert x.grad.shape == x.shape

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..nn import FusedBatchNorm
+from ..nn import fused_batch_norm as _fbn  # the module, not the name: nn imports this package
 
 __all__ = ["average_buffers_", "replica_mean_state_dict"]
 
@@ -70,14 +70,14 @@ def _world_size(fn: str, process_group: Any) -> int:
     return size
 
 
-def _batch_norms(module: torch.nn.Module) -> list[FusedBatchNorm]:
-    return [m for m in module.modules() if isinstance(m, FusedBatchNorm)]
+def _batch_norms(module: torch.nn.Module) -> list[_fbn.FusedBatchNorm]:
+    return [m for m in module.modules() if isinstance(m, _fbn.FusedBatchNorm)]
 
 
 def _replica_means(
-    bns: list[FusedBatchNorm], process_group: Any, world_size: int
+    bns: list[_fbn.FusedBatchNorm], process_group: Any, world_size: int
 ) -> dict[tuple[int, str], torch.Tensor]:
-    """``{(id(bn), buffer name): mean over ranks}``, with one all-reduce per (device, dtype)."""
+    """``{(id(bn), buffer name): mean over ranks}``, with two all-reduces per (device, dtype)."""
     tensors = [(id(bn), name, getattr(bn, name)) for bn in bns for name in _STATS]
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, (_, _, t) in enumerate(tensors):
@@ -86,12 +86,20 @@ def _replica_means(
         acc = torch.promote_types(t.dtype, torch.float32)
         groups.setdefault((t.device, acc), []).append(i)
     means = {}
+    reduce_op = torch.distributed.ReduceOp
     # The same module structure gives every rank the same groups in the same order, so the
     # all-reduces pair up.
     for (_, acc), idx in groups.items():
-        flat = torch.cat([tensors[i][2].detach().reshape(-1).to(acc) for i in idx])
-        torch.distributed.all_reduce(flat, torch.distributed.ReduceOp.SUM, group=process_group)
-        flat.div_(world_size)  # (gloo has no ReduceOp.AVG)
+        local = torch.cat([tensors[i][2].detach().reshape(-1).to(acc) for i in idx])
+        total = local.clone()
+        torch.distributed.all_reduce(total, reduce_op.SUM, group=process_group)
+        # Where every rank holds the same value (statistics already averaged, or synchronized
+        # by SyncFusedBatchNorm) keep it exactly: sum / W can be an ulp off for W = 3. That
+        # makes averaging idempotent. (A NaN anywhere makes the sum NaN, hence the mean.)
+        hi_lo = torch.cat([local, -local])
+        torch.distributed.all_reduce(hi_lo, reduce_op.MAX, group=process_group)
+        same = (hi_lo[: local.numel()] == -hi_lo[local.numel() :]) & total.isfinite()
+        flat = torch.where(same, local, total / world_size)  # (gloo has no ReduceOp.AVG)
         pieces = flat.split([tensors[i][2].numel() for i in idx])
         for i, piece in zip(idx, pieces):
             key, name, t = tensors[i]
@@ -109,6 +117,9 @@ def average_buffers_(module: ModuleT, process_group: Any = None) -> ModuleT:
     (e.g. before evaluating, or at the end of an epoch). It does nothing when no process group
     is initialised or the group has one rank. ``module`` may be the
     ``DistributedDataParallel`` wrapper or the model inside it.
+
+    Where all ranks already hold the same value (after a previous call, or for a
+    SyncFusedBatchNorm, whose statistics are the global batch's) it stays bit for bit.
 
     Why this is safe in the middle of training: the moving-average update
     ``running <- (1 - f) * running + f * batch_stat`` is linear, so the mean over ranks after
@@ -178,7 +189,7 @@ def replica_mean_state_dict(module: torch.nn.Module, process_group: Any = None) 
     means = _replica_means(bns, process_group, world_size)
     # remove_duplicate=False: state_dict lists a shared module under each of its paths.
     for path, sub in module.named_modules(remove_duplicate=False):
-        if isinstance(sub, FusedBatchNorm):
+        if isinstance(sub, _fbn.FusedBatchNorm):
             for name in _STATS:
                 key = f"{path}.{name}" if path else name
                 if key in state:  # (a state-dict hook may have renamed or dropped it)

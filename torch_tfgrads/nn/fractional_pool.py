@@ -79,8 +79,12 @@ class _FractionalPool2d(torch.nn.Module):
                 f"{list(x.shape)} (for NCHW use x.permute(0, 2, 3, 1))"
             ),
         )
+        # An empty batch (a DDP rank without data): TF's op refuses it, a module should not.
+        # The pooling sequences come from one zero sample (drawing what a non-empty call would)
+        # and the empty output stays connected to x, so that its gradient is x's empty one.
+        empty = x.shape[0] == 0
         out, rows, cols = type(self)._op(
-            x,
+            x.new_zeros((1, *x.shape[1:])) if empty else x,
             self.pooling_ratio,
             self.pseudo_random,
             self.overlapping,
@@ -89,6 +93,8 @@ class _FractionalPool2d(torch.nn.Module):
             self.seed2,
         )
         self.row_pooling_sequence, self.col_pooling_sequence = rows, cols
+        if empty:
+            return x[:, : out.shape[1], : out.shape[2]]
         return out
 
 
@@ -100,7 +106,8 @@ class FractionalAvgPool2d(_FractionalPool2d):
     with zero seeds the module fixes a seed pair at construction (like a TF kernel instance).
     The sequences of the last call are kept in ``row_pooling_sequence`` /
     ``col_pooling_sequence``. For an NCHW tensor ``x`` use ``x.permute(0, 2, 3, 1)`` (no copy
-    when ``x`` is channels_last).
+    when ``x`` is channels_last). An empty batch gives an empty output of the pooled size (the
+    op, like TF's, refuses a batch of 0).
     """
 
     _op = staticmethod(fractional_avg_pool)
