@@ -58,7 +58,7 @@ ifneq ($(CCACHE_LINKS),)
 export PATH := $(CCACHE_LINKS):$(PATH)
 endif
 
-.PHONY: demo test build deps test-deps lint-deps lint format venv bench cuda-check sanitize \
+.PHONY: demo test test-multiprocess build deps test-deps lint-deps lint format venv bench cuda-check sanitize \
 	sanitize-build gpu-test clean FORCE
 
 $(VPY):
@@ -109,6 +109,11 @@ demo: build
 test: build $(TEST_STAMP)
 	$(VPY) -m pytest -q tests
 
+# Only the tests that spawn torch.distributed processes (2 and 4 gloo ranks on CPU); `make test`
+# runs them too.
+test-multiprocess: build $(TEST_STAMP)
+	$(VPY) -m pytest -q -m multiprocess tests
+
 lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -141,7 +146,8 @@ cuda-check:
 # The CPU kernels under AddressSanitizer + UndefinedBehaviorSanitizer: an out-of-tree copy built
 # with TFGRADS_SANITIZE=1 runs the whole test suite (bad inputs included) with the sanitizer
 # runtimes preloaded into the venv's python; any finding aborts the run. (The in-tree build is
-# left alone.)
+# left alone.) The multi-process tests are left out: they run the same kernels as the
+# single-process ones, in spawned interpreters that would each load the sanitizer runtimes.
 sanitize: sanitize-build $(TEST_STAMP)
 	cd $(SAN_BUILD) && rm -f sanitizer.log.* && \
 	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(abspath $(SAN_BUILD))/sanitizer.log \
@@ -149,7 +155,7 @@ sanitize: sanitize-build $(TEST_STAMP)
 	  LD_PRELOAD="$$($${CXX:-c++} -print-file-name=libasan.so):$$($${CXX:-c++} -print-file-name=libubsan.so)" \
 	  sh -c '$(abspath $(VPY)) -c "import torch_tfgrads._C as c, sys; print(c.__file__); \
 	    sys.exit(0 if \"$(SAN_BUILD)\" in c.__file__ else \"sanitize: not the sanitized build\")" \
-	    && $(abspath $(VPY)) -m pytest -q -p no:cacheprovider tests' \
+	    && $(abspath $(VPY)) -m pytest -q -p no:cacheprovider -m "not multiprocess" tests' \
 	  || { echo "sanitize: FAILED; sanitizer reports (pytest's capture hides them):"; \
 	       cat sanitizer.log.* 2>/dev/null; exit 1; }
 

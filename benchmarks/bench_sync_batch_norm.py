@@ -78,6 +78,7 @@ def _contenders(shape, device):
 
 def _worker(rank, world, store, device, out):
     torch.set_num_threads(1)
+    common.keep_freed_memory()
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(rank)

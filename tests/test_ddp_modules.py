@@ -37,6 +37,8 @@ pytestmark = pytest.mark.multiprocess
 STEPS, LR = 3, 0.1
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}  # observed: ~1e-15 and ~2e-7
 COMPILE_BACKEND = "aot_eager"  # the autograd graphs of our ops, without inductor's C++ builds
+
+
 # ---- the models ----
 class ChannelLinear(torch.nn.Linear):
     """A trainable layer in front of the parameter-free pools, so their backward matters."""

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tfgrads.nn as tnn
 from distributed_helpers import run_workers
-from helpers import rel_err
+from helpers import CUDA_DEVICES, rel_err
 
 pytestmark = pytest.mark.multiprocess
 
@@ -107,7 +107,11 @@ class CountAllReduces(TorchDispatchMode):
         self.n = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops._c10d_functional.all_reduce.default:
+        # eager: c10d's in-place all-reduce; compiled: the functional one
+        if func in (
+            torch.ops.c10d.allreduce_.default,
+            torch.ops._c10d_functional.all_reduce.default,
+        ):
             self.n += 1
         return func(*args, **(kwargs or {}))
 
@@ -233,3 +237,28 @@ def test_compiled_module_fullgraph_and_compiled_ddp(runs):
     scale = max(g.abs().max().item() for g in ref[0]["grads"].values())
     for k, g in ref[0]["grads"].items():
         assert (mean_grads[k] - g).abs().max().item() / scale <= 1e-10, k
+
+
+def cuda_worker(rank, world):
+    """The "uneven" case with the model and data on the GPU (gloo all-reduces CUDA tensors, so
+    one GPU serves every process; NCCL would need one GPU per process)."""
+    x, t = _data(torch.float64)
+    sizes = _splits("uneven", world)
+    xr, tr = x.split(sizes)[rank].cuda(), t.split(sizes)[rank].cuda()
+    model = Model("NHWC", torch.float64, sync=True).cuda()
+    steps = _train(DDP(model), xr, tr, world / N)
+    return [
+        {
+            "y": s["y"].cpu(),
+            "dx": s["dx"].cpu(),
+            "grads": {k: v.cpu() for k, v in _strip(s["grads"]).items()},
+            "state": {k: v.cpu() for k, v in _strip(s["state"]).items()},
+        }
+        for s in steps
+    ]
+
+
+@pytest.mark.parametrize("device", CUDA_DEVICES)
+def test_ddp_on_the_gpu_equals_one_process(device):
+    ranks = run_workers(cuda_worker, 2, timeout=240)
+    _check("cuda uneven", 2, ranks, _reference("uneven"), 1e-10)

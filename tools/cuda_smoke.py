@@ -38,6 +38,22 @@ def main():
             dy.to(dev), x.to(dev), s.to(dev), gpu[3], gpu[4], gpu[5], data_format=fmt
         )
         ok &= close(f"fused_batch_norm_grad_v3 {fmt} {shape}", gg[0], gc[0], 1e-5)
+        # synchronized batch norm's local ops (the all-reduces are the identity on one process)
+        st, sg = (
+            T.fused_batch_norm_sync_stats(x, fmt),
+            T.fused_batch_norm_sync_stats(x.to(dev), fmt),
+        )
+        ok &= close(f"fused_batch_norm_sync_stats {fmt} {shape}", sg, st, 1e-5)
+        gs = T.fused_batch_norm_sync_grad_sums(dy, x, cpu[3], fmt)
+        gsg = T.fused_batch_norm_sync_grad_sums(dy.to(dev), x.to(dev), gpu[3], fmt)
+        ok &= close(f"fused_batch_norm_sync_grad_sums {fmt} {shape}", gsg, gs, 1e-5)
+        bc = T.fused_batch_norm_sync_backprop_input(
+            dy, x, s, cpu[3], cpu[4], gs, st[-1:], 1e-4, fmt
+        )
+        bg = T.fused_batch_norm_sync_backprop_input(
+            dy.to(dev), x.to(dev), s.to(dev), gpu[3], gpu[4], gsg, sg[-1:], 1e-4, fmt
+        )
+        ok &= close(f"fused_batch_norm_sync_backprop_input {fmt} {shape}", bg, bc, 1e-5)
 
     # FractionalPool: forward, both grads (bit-exact), overlapping.
     x = torch.randn(4, 67, 71, 40, generator=g)

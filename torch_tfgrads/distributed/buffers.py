@@ -1,17 +1,19 @@
-"""TF ``MirroredStrategy``'s semantics for batch-norm moving statistics, for DDP users.
+"""tf-keras's ``MirroredStrategy`` semantics for batch-norm moving statistics, for DDP users.
 
 Under ``tf.distribute.MirroredStrategy`` each replica keeps its own copy of a BatchNormalization
-layer's ``moving_mean`` / ``moving_variance`` (``synchronization=ON_READ``,
-``aggregation=MEAN``): every replica updates its copy from its local batch, and reading the
-variable outside the replica context, or saving a checkpoint, gives the mean over the replicas.
+layer's ``moving_mean`` / ``moving_variance``, updated from its local batch. What a read or a
+checkpoint returns depends on the Keras: tf-keras (Keras 2) makes them ``ON_READ`` variables
+with ``MEAN`` aggregation, so reading outside the replica context, or saving, gives the **mean
+over the replicas**; Keras 3 (TF >= 2.16) makes them mirrored variables without aggregation, and
+a read gives **replica 0's copy** (tests/test_sync_batch_norm_tf.py checks both in TF).
 
-``DistributedDataParallel`` by default does something else: it copies rank 0's buffers to every
-rank before each forward (``forward_sync_buffers=True``, formerly ``broadcast_buffers=True``),
-so after k steps rank 0 holds the statistics of its own batches alone and every other rank
-holds rank 0's statistics of k - 1 steps updated with its own k-th batch. To get TF's
-semantics, wrap with ``forward_sync_buffers=False`` (each rank then keeps its own copy, as a TF
-replica does; DDP still copies rank 0's initial buffers at construction, as TF initialises the
-replicas alike) and take the mean over ranks when reading or saving, with
+``DistributedDataParallel`` by default copies rank 0's buffers to every rank before each
+forward (``forward_sync_buffers=True``, formerly ``broadcast_buffers=True``), so after k steps
+rank 0 holds the statistics of its own batches alone (Keras 3's read, when reading or saving on
+rank 0) and every other rank holds rank 0's statistics of k - 1 steps updated with its own k-th
+batch. For tf-keras's semantics, wrap with ``forward_sync_buffers=False`` (each rank then keeps
+its own copy, as a TF replica does; DDP still copies rank 0's initial buffers at construction, as
+TF initialises the replicas alike) and take the mean over ranks when reading or saving, with
 :func:`replica_mean_state_dict`, or fold it into the modules with :func:`average_buffers_`.
 (``broadcast_buffers=False``, deprecated since torch 2.13, also skips that initial copy.)
 
@@ -110,8 +112,8 @@ def _replica_means(
 @torch.no_grad()
 def average_buffers_(module: ModuleT, process_group: Any = None) -> ModuleT:
     """Replace, in place on every rank, the moving statistics of each FusedBatchNorm in
-    ``module`` by their mean over the ranks of ``process_group``: TF MirroredStrategy's value of
-    an ON_READ / MEAN variable, now held by every replica. Returns ``module``.
+    ``module`` by their mean over the ranks of ``process_group``: tf-keras MirroredStrategy's
+    value of an ON_READ / MEAN variable, now held by every replica. Returns ``module``.
 
     A collective: every rank of the group must call it, with modules of the same structure
     (e.g. before evaluating, or at the end of an epoch). It does nothing when no process group
@@ -125,7 +127,7 @@ def average_buffers_(module: ModuleT, process_group: Any = None) -> ModuleT:
     ``running <- (1 - f) * running + f * batch_stat`` is linear, so the mean over ranks after
     any later step is ``(1 - f) * mean(running) + f * mean(batch_stat)`` whether or not the
     copies were averaged before it. Averaging changes the per-rank copies, which TF never
-    exposes, but not the mean, which is what TF reads and saves.
+    exposes, but not the mean, which is what tf-keras reads and saves.
 
     Use it with ``DistributedDataParallel(model, forward_sync_buffers=False)``; with the
     default (``True``) the next forward overwrites every rank's statistics with rank 0's
@@ -137,7 +139,7 @@ def average_buffers_(module: ModuleT, process_group: Any = None) -> ModuleT:
         model = DistributedDataParallel(model, forward_sync_buffers=False)
         for x, y in loader:
             ...  # forward, backward, optimizer step: each rank updates its own statistics
-        average_buffers_(model)  # every rank: the statistics TF would read
+        average_buffers_(model)  # every rank: the statistics tf-keras would read
         model.eval()
 
     Raises TypeError when ``module`` is not an nn.Module or ``process_group`` not a
@@ -158,8 +160,8 @@ def average_buffers_(module: ModuleT, process_group: Any = None) -> ModuleT:
 
 def replica_mean_state_dict(module: torch.nn.Module, process_group: Any = None) -> dict:
     """``module.state_dict()`` with the moving statistics of each FusedBatchNorm replaced by
-    their mean over the ranks of ``process_group``: what TF's checkpoint of a MirroredStrategy
-    model saves. ``module`` itself is not changed.
+    their mean over the ranks of ``process_group``: what tf-keras's checkpoint of a
+    MirroredStrategy model saves. ``module`` itself is not changed.
 
     A collective: call it on every rank of the group (then save on one), with modules of the
     same structure. Every rank gets the same statistics. Without an initialised process group,

@@ -3,13 +3,13 @@
 
 Forward: every process computes its per-channel ``[sum x | sum x^2 | count]``
 (``fused_batch_norm_sync_stats``), one SUM all-reduce of that ``2C + 1`` buffer, Keras's
-statistics ``mean = sum / count``, ``variance = sum_sq / count - mean^2`` (clamped at 0 by Keras
-3 and tf-keras 2.21 alike), then this library's batch-norm kernel normalises with them. Backward: the
+statistics ``mean = sum / count``, ``variance = max(sum_sq / count - mean^2, 0)`` (Keras 3 and
+tf-keras 2.21 alike), then this library's batch-norm kernel normalises with them. Backward: the
 local ``[sum dy | sum dy * (x - mean)]`` (``fused_batch_norm_sync_grad_sums``), one all-reduce of
 that ``2C`` buffer, the input gradient from the global sums
 (``fused_batch_norm_sync_backprop_input``); the scale/offset gradients stay local, as DDP
-averages them. The collectives are torch's functional ones, so ``torch.compile`` keeps the whole
-step in one graph, and nothing waits on the host.
+averages them. Under ``torch.compile`` the collectives are torch's functional ones, so the step
+stays one graph; nothing waits on the host for a value.
 """
 
 from __future__ import annotations
@@ -32,12 +32,19 @@ def is_synchronizing(process_group: dist.ProcessGroup | None = None) -> bool:
 
 
 def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
+    """The SUM over the group of a buffer this module owns: torch's functional collective under
+    torch.compile (traceable, one graph), the in-place c10d collective on a copy in eager mode
+    (the functional one costs an extra wait round trip per call in eager: measured on gloo in
+    docs/distributed.md)."""
     if not is_synchronizing(group):
         return t  # Keras's default replica context: the all-reduce of one replica
-    from torch.distributed import _functional_collectives as funcol
+    if torch.compiler.is_compiling():
+        from torch.distributed import _functional_collectives as funcol
 
-    out = funcol.all_reduce(t, "sum", group if group is not None else dist.group.WORLD)
-    return funcol.wait_tensor(out) if isinstance(out, funcol.AsyncCollectiveTensor) else out
+        return funcol.all_reduce(t, "sum", group if group is not None else dist.group.WORLD)
+    out = t.clone()
+    dist.all_reduce(out, group=group)
+    return out
 
 
 def keras_moments(
@@ -47,10 +54,10 @@ def keras_moments(
     ``divide_no_nan`` by the count and ``maximum(E[x^2] - E[x]^2, 0)`` (Keras 3 and tf-keras 2.21
     alike; an empty global batch gives 0)."""
     C = channels
-    s, sq, count = total[:C], total[C : 2 * C], total[2 * C :]
-    zero = torch.zeros_like(s)
-    mean = torch.where(count == 0, zero, s / count)
-    sq_mean = torch.where(count == 0, zero, sq / count)
+    count = total[2 * C :]
+    # [sum | sum_sq] / count in one division; divide_no_nan as a select (count is one value)
+    means = torch.where(count == 0, 0.0, total[: 2 * C] / count)
+    mean, sq_mean = means[:C], means[C:]
     return mean, torch.clamp_min(sq_mean - mean * mean, 0.0), count
 
 
