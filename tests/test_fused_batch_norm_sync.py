@@ -8,7 +8,7 @@ import torch
 from torch.autograd import gradcheck
 
 import torch_tfgrads as T
-from helpers import DEVICES, rel_err
+from helpers import CUDA_DEVICES, DEVICES, rel_err
 from torch_tfgrads.distributed import keras_moments, sync_fused_batch_norm
 from torch_tfgrads.nn import FusedBatchNorm, SyncFusedBatchNorm, convert_sync_batchnorm
 
@@ -292,3 +292,20 @@ def sync_opcheck_samples():
             sums, count = torch.randn(2 * C), torch.tensor([float(x.numel() // C)])
             args = (dy, x.detach(), scale, mean, var, sums, count, 1e-3, fmt)
             yield "fused_batch_norm_sync_backprop_input", args, {}
+
+
+@pytest.mark.parametrize("device", CUDA_DEVICES)
+def test_no_host_synchronization_on_cuda(device):
+    """The count travels on the device: forward and backward never wait for the GPU."""
+    x = torch.randn(4, 6, 6, 5, device=device, requires_grad=True)
+    s = torch.ones(5, device=device, requires_grad=True)
+    o = torch.zeros(5, device=device, requires_grad=True)
+    dy = torch.randn(4, 6, 6, 5, device=device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = sync_fused_batch_norm(x, s, o)[0]
+        y.backward(dy)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = T.fused_batch_norm_v3(x.detach().cpu(), s.detach().cpu(), o.detach().cpu(), epsilon=1e-3)
+    assert rel_err(y, ref[0]) <= 1e-5
