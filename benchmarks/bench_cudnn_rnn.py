@@ -4,7 +4,12 @@ step with a GradientTape; TF has no CPU kernel for CudnnRNN itself), in this pro
 
 float32, time-major input (Keras gets the same data batch-major), zero initial states, one layer, uni- and
 bidirectional, the issue's shapes (T, B, I, U). Prints medians of interleaved rounds in ms and
-ours against the faster peer (target <= 1.00), plus our GEMM throughput.
+ours against the faster peer (target <= 1.00), plus our GEMM throughput against a same-run
+yardstick: torch.mm on one step's GEMM shape ([B, I + U] x [I + U, G * U]), timed in the same
+interleaved rounds, so the recurrent path's efficiency compares across hosts. The header names
+the host and the ISA paths; the "path" column says whether the row ran on oneDNN's BRGEMM
+micro-kernels or on the per-step cells with ATen's GEMMs (TFGRADS_DISABLE_BRGEMM=1 forces the
+latter).
 """
 
 import os
@@ -54,6 +59,9 @@ def peer_fns(mode, shape, direction, T=None, tf=None):
             torch.autograd.grad(out, [x] + params, dy)
 
         fns["torch"] = torch_rnn
+        G = 4 if mode == "lstm" else 3
+        a, w = torch.randn(B, I + U, generator=g), torch.randn(I + U, G * U, generator=g)
+        fns["mm"] = lambda: torch.mm(a, w)
     if tf is not None:
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
         import keras
@@ -86,6 +94,13 @@ def gemm_flops(mode, shape, D):
     return 2 * 3 * fwd * D  # forward, data gradient, weight gradient
 
 
+def mm_flops(mode, shape):
+    """Multiply-adds x2 of the yardstick torch.mm ([B, I + U] x [I + U, G * U])."""
+    _, B, I, U = shape
+    G = 4 if mode == "lstm" else 3
+    return 2 * B * (I + U) * G * U
+
+
 def conversion_fns(T, mode, shape, direction):
     """The params conversions against the torch equivalent: one cat of the flattened canonical
     tensors (what packing torch.nn.LSTM's weights into one buffer costs) and its split."""
@@ -116,6 +131,8 @@ def main():
 
     common.setup_process()
     tf = common.import_tf()
+    common.print_host(T)
+    path = "BRGEMM" if T.cpu.cpu_paths()["rnn_brgemm"] else "cells"
     print(
         f"CudnnRNN forward+backward, float32, 1 layer, {common.THREADS} threads, torch "
         f"{torch.__version__}, TF {tf.__version__ if tf else 'absent'} (Keras in a "
@@ -132,6 +149,7 @@ def main():
                 best = min(v for v in (pt, ke) if v == v)
                 D = 2 if direction == "bidirectional" else 1
                 gflops = gemm_flops(mode, shape, D) / (ours * 1e-3) / 1e9
+                mm_gflops = mm_flops(mode, shape) / (t["mm"] * 1e-3) / 1e9
                 rows.append(
                     [
                         mode,
@@ -141,12 +159,28 @@ def main():
                         common.fmt_ms(pt),
                         common.fmt_ms(ke),
                         f"{ours / best:.2f}",
+                        path,
                         f"{gflops:.0f}",
+                        f"{mm_gflops:.0f}",
+                        f"{100 * gflops / mm_gflops:.0f}%",
                     ]
                 )
                 print("  " + " ".join(str(c) for c in rows[-1]), flush=True)
     common.print_table(
-        ["mode", "T,B,I,U", "dir", "ours", "torch", "Keras", "ours/best", "ours GFLOP/s"], rows
+        [
+            "mode",
+            "T,B,I,U",
+            "dir",
+            "ours",
+            "torch",
+            "Keras",
+            "ours/best",
+            "path",
+            "ours GFLOP/s",
+            "torch.mm GFLOP/s",
+            "% of mm",
+        ],
+        rows,
     )
     print("Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF).")
     rows = []

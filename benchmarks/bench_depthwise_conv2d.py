@@ -111,6 +111,8 @@ def main():
     eigen = {}
     if tf is not None:
         eigen = common.run_child(__file__, ["--tf-only"], {"TF_ENABLE_ONEDNN_OPTS": "0"})
+    common.print_host(T)
+    avx512 = T.cpu.cpu_paths()["avx512_kernels"]
     print(
         f"DepthwiseConv2dNative, float32 NHWC, SAME, multiplier 1, {common.THREADS} threads, "
         f"torch {torch.__version__}, TF {tf.__version__ if tf else 'absent'}; ms (median of "
@@ -135,6 +137,8 @@ def main():
                 [
                     ",".join(map(str, shape)),
                     op,
+                    # the 16-lane kernels take float32 with C % 16 == 0
+                    "AVX-512" if avx512 and C % 16 == 0 else "AVX2",
                     common.fmt_ms(ours),
                     common.fmt_ms(tfd),
                     common.fmt_ms(tfe[i]),
@@ -148,6 +152,7 @@ def main():
         [
             "N,H,W,C,k,s",
             "op",
+            "path",
             "ours",
             "TF default",
             "TF Eigen",

@@ -84,6 +84,8 @@ def main():
 
     common.setup_process()
     tf = common.import_tf()
+    common.print_host(T)
+    avx512 = T.cpu.cpu_paths()["avx512_kernels"]
     print(
         f"FractionalPool, float32 NHWC, {common.THREADS} threads, torch {torch.__version__}, "
         f"TF {tf.__version__ if tf else 'absent'}; ms (median of interleaved rounds)"
@@ -132,6 +134,10 @@ def main():
                                 f"{ratio}",
                                 "yes" if overlapping else "no",
                                 f"{kind} {op}",
+                                # only the max gradient has an AVX-512 kernel (C % 16 == 0)
+                                "AVX-512"
+                                if (kind, op) == ("max", "grad") and avx512 and shape[3] % 16 == 0
+                                else "AVX2",
                                 common.fmt_ms(ours),
                                 common.fmt_ms(tfv),
                                 common.fmt_ms(ptv),
@@ -147,6 +153,7 @@ def main():
             "ratio",
             "overlap",
             "op",
+            "path",
             "ours",
             "TF",
             "torch",

@@ -93,6 +93,7 @@ def main():
     eigen = {}
     if tf is not None:
         eigen = common.run_child(__file__, ["--tf-only"], {"TF_ENABLE_ONEDNN_OPTS": "0"})
+    common.print_host(T)  # one path: AVX2 vectors (float widened from half types)
     print(
         f"FusedBatchNorm, float32, training, {common.THREADS} threads, torch "
         f"{torch.__version__}, TF {tf.__version__ if tf else 'absent'}; ms (median of "

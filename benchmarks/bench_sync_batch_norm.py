@@ -14,7 +14,6 @@ times of 4 processes include oversubscription; the ratio of one run stays compar
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -113,6 +112,9 @@ def main():
     ap.add_argument("--procs", default="2,4", help="comma-separated process counts")
     args = ap.parse_args()
     common.setup_process()
+    import torch_tfgrads as T
+
+    common.print_host(T)
     procs = [int(p) for p in args.procs.split(",")]
     if args.device == "cuda":
         procs = [p for p in procs if p <= torch.cuda.device_count()]
@@ -121,9 +123,8 @@ def main():
             return
     print(
         f"SyncFusedBatchNorm, float32 NHWC, training forward + backward, {args.device}, "
-        f"host {platform.processor() or platform.machine()} "
-        f"({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores, 1 thread per "
-        f"process, torch {torch.__version__}; ms per step (median of {ROUNDS} interleaved rounds)"
+        f"1 thread per process, torch {torch.__version__}; ms per step (median of {ROUNDS} "
+        "interleaved rounds)"
     )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

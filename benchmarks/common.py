@@ -23,6 +23,12 @@ def setup_process():
     keep_freed_memory()
 
 
+def print_host(T):
+    """The benchmark's first line: the host CPU, the ISA ATen runs at and which of our CPU kernel
+    paths run (torch_tfgrads.cpu), so that every table says where it came from."""
+    print(f"host: {T.cpu.describe()}", flush=True)
+
+
 def keep_freed_memory():
     """Makes glibc keep freed blocks in the heap instead of returning them to the OS.
 

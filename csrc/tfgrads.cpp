@@ -5,11 +5,36 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <c10/util/Exception.h>
+
+#include "cpu/isa.h"
+
 // `from torch_tfgrads import _C` only has to load this .so so that the static TORCH_LIBRARY
-// initialisers run; a limited-API module object with no methods is enough (no pybind11).
+// initialisers run; a limited-API module object is enough (no pybind11). Its one function
+// reports the CPU kernels' ISA paths for torch_tfgrads.cpu_paths().
+namespace {
+
+PyObject* cpu_paths(PyObject*, PyObject*) {
+  try {
+    const bool avx512 = torch_tfgrads::avx512_enabled();
+    const bool brgemm = torch_tfgrads::rnn_brgemm_available();
+    return Py_BuildValue("{s:O,s:O}", "avx512_kernels", avx512 ? Py_True : Py_False, "rnn_brgemm",
+                         brgemm ? Py_True : Py_False);
+  } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    return nullptr;
+  }
+}
+
+PyMethodDef methods[] = {
+    {"_cpu_paths", cpu_paths, METH_NOARGS, "{'avx512_kernels': bool, 'rnn_brgemm': bool}"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
 extern "C" {
 PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);
 }
 }

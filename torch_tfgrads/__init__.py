@@ -9,7 +9,7 @@ ops), then the families' fake kernels and autograd formulas that attach to those
 import torch  # noqa: F401  (the extension links against the already-loaded torch)
 
 from . import _loader  # noqa: F401  (checks the build matches this CPU and torch, loads _C)
-from . import nn
+from . import cpu, nn
 from ._version import __version__
 from .ops import (
     cudnn_rnn_backprop_v3,
@@ -53,4 +53,5 @@ __all__ = [
     "cudnn_rnn_v3",
     "cudnn_rnn_backprop_v3",
     "nn",
+    "cpu",
 ]

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/cudnn_rnn_cell.h"
+#include "cpu/isa.h"
 
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 namespace torch_tfgrads {
@@ -25,6 +26,7 @@ namespace {
 
 bool brgemm_usable() {
   static const bool ok = [] {
+    if (!brgemm_allowed()) return false;
     try {  // oneDNN's ukernels need a supported CPU; cpublas raises otherwise
       float a[16] = {0}, b[16] = {0}, c[16];
       at::native::cpublas::brgemm(1, 16, 1, 1, 16, 16, false, a, b, c);
@@ -447,3 +449,13 @@ bool cpu_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tenso
 }  // namespace cudnn_rnn
 }  // namespace torch_tfgrads
 #endif
+
+namespace torch_tfgrads {
+bool rnn_brgemm_available() {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  return cudnn_rnn::brgemm_usable();
+#else
+  return false;
+#endif
+}
+}  // namespace torch_tfgrads

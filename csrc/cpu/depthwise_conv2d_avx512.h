@@ -1,5 +1,5 @@
 // The depthwise sliding-window tile (slide_pixels in depthwise_conv2d_tiles.cpp) for float
-// channels in 16-lane AVX-512 vectors, chosen at run time (cpu/avx512.h). The tiles are bound by FMA
+// channels in 16-lane AVX-512 vectors, chosen at run time (cpu/isa.h). The tiles are bound by FMA
 // throughput (a 5x5 forward keeps both FMA pipes busy); a 512-bit FMA does twice the work of a
 // 256-bit one on CPUs with full-width AVX-512 units. Same FMAs in the same order per lane as
 // the AVX2 tile, so the results are bit-identical.
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cpu/avx512.h"
+#include "cpu/isa.h"
 
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
 #include <immintrin.h>

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/avx512.h"
+#include "cpu/isa.h"
 #include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/depthwise_conv2d_cpu.h"
 #include "cpu/depthwise_conv2d_row_staging.h"

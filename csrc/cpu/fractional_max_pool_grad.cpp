@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/fractional_pool.h"
-#include "cpu/avx512.h"
+#include "cpu/isa.h"
 #include "cpu/fractional_max_pool_grad_avx512.h"
 #include "cpu/fractional_pool_cpu.h"
 #include "cpu/widen.h"

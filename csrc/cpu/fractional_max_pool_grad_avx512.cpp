@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "cpu/avx512.h"
+#include "cpu/isa.h"
 
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
 #include <immintrin.h>

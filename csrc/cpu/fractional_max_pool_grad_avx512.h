@@ -20,7 +20,7 @@
 namespace torch_tfgrads {
 namespace fracpool {
 
-// Construct and run only where avx512_enabled() (cpu/avx512.h).
+// Construct and run only where avx512_enabled() (cpu/isa.h).
 struct MaxGradAvx512 {
   // x: orig_input with channels contiguous (strides sN, sH, sW); y, dy: orig_output and
   // out_backprop, contiguous NHWC; dx: the contiguous NHWC result. plan.C % 16 == 0.

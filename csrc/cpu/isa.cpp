@@ -1,18 +1,55 @@
-#include "cpu/avx512.h"
+#include "cpu/isa.h"
 
 #include <ATen/Version.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <string>
 
 namespace torch_tfgrads {
 
-bool avx512_enabled() {
+namespace {
+
+// TFGRADS_CPU_CAPABILITY: "avx2" turns our AVX-512 kernels off (ATen keeps its own), "avx512"
+// insists on them, unset or empty picks by the CPU. Read once per process.
+std::string forced_capability() {
+  const char* v = std::getenv("TFGRADS_CPU_CAPABILITY");
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+bool cpu_has_avx512() {
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
-  static const bool on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         at::get_cpu_capability() == "AVX512";
-  return on;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #else
   return false;
 #endif
+}
+
+}  // namespace
+
+bool avx512_enabled() {
+  static const bool on = [] {
+    const std::string forced = forced_capability();
+    TORCH_CHECK_VALUE(forced.empty() || forced == "avx2" || forced == "avx512",
+                      "TFGRADS_CPU_CAPABILITY must be avx2, avx512 or unset, got '", forced, "'");
+    if (forced == "avx2") return false;
+    const bool able = cpu_has_avx512() && at::get_cpu_capability() == "AVX512";
+    TORCH_CHECK(forced.empty() || able,
+                "TFGRADS_CPU_CAPABILITY=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ or ATen "
+                "does not run at AVX512 (ATen: ",
+                at::get_cpu_capability(), ")");
+    return able;
+  }();
+  return on;
+}
+
+bool brgemm_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("TFGRADS_DISABLE_BRGEMM");
+    return v == nullptr || std::string(v).empty() || std::string(v) == "0";
+  }();
+  return on;
 }
 
 }  // namespace torch_tfgrads

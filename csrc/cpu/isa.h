@@ -1,4 +1,7 @@
-// Run-time choice of the few AVX-512 kernels. The extension is built for AVX2; a kernel that
+// Run-time choice of the CPU kernels' ISA paths (docs/benchmarks.md, "ISA paths"): the few
+// AVX-512 kernels, and the RNN's oneDNN BRGEMM path.
+//
+// AVX-512 kernels. The extension is built for AVX2; a kernel that
 // gains from 16-lane vectors and mask registers is written with intrinsics in a
 // `#pragma GCC target` region (TFGRADS_AVX512_BEGIN / _END) and called only when
 // avx512_enabled() says so, so one build runs on AVX2-only CPUs too.
@@ -14,7 +17,16 @@
 namespace torch_tfgrads {
 
 // The CPU has AVX-512 F/BW/VL/DQ and ATen's own kernels run at AVX512 (so
-// ATEN_CPU_CAPABILITY=avx2 switches ours off too, which the tests use to compare both).
+// ATEN_CPU_CAPABILITY=avx2 switches ours off too, which the tests use to compare both), unless
+// TFGRADS_CPU_CAPABILITY=avx2 turns ours off alone (=avx512 makes their absence an error).
 bool avx512_enabled();
+
+// The RNN may use oneDNN's BRGEMM micro-kernels (where ATen has them): TFGRADS_DISABLE_BRGEMM=1
+// forces the per-step cells and ATen's GEMMs, to measure and test that path on any host.
+bool brgemm_allowed();
+
+// Whether the RNN's BRGEMM path runs here: compiled into ATen, supported by this CPU, allowed
+// (cudnn_rnn_brgemm.cpp).
+bool rnn_brgemm_available();
 
 }  // namespace torch_tfgrads

@@ -1,0 +1,101 @@
+"""Every CPU ISA path keeps TensorFlow's numbers, on any host: TensorFlow parity tests rerun in a
+child process with a path forced (torch_tfgrads.cpu: TFGRADS_CPU_CAPABILITY=avx2 turns our
+AVX-512 kernels off, TFGRADS_DISABLE_BRGEMM=1 makes the RNN use its per-step cells and ATen's
+GEMMs), and the forcing variables themselves: the paths they report and their errors.
+
+Where the forced path is the host's own (e.g. avx2 on a CPU without AVX-512) the parent's run of
+the same tests already covers it; the child runs anyway, so the check never depends on the host.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch_tfgrads as T
+from helpers import REQUIRE_TF
+
+TESTS = Path(__file__).resolve().parent
+
+# (forcing variables, the TF parity tests of the kernels that have another path there)
+FORCED = {
+    "avx2": (
+        {"TFGRADS_CPU_CAPABILITY": "avx2"},
+        [
+            "test_depthwise_conv2d_tf.py::test_matches_tensorflow",
+            "test_fractional_pool_tf.py::test_bit_exact_with_tensorflow",
+            "test_fractional_pool_tf.py::test_grads_negative_zero_like_tensorflow",
+        ],
+    ),
+    "no-brgemm": (
+        {"TFGRADS_DISABLE_BRGEMM": "1"},
+        ["test_cudnn_rnn_tf.py::test_matches_keras", "test_cudnn_rnn.py"],
+    ),
+}
+
+
+def _child(env_overrides, code_or_args, timeout=900):
+    env = dict(os.environ, **env_overrides)
+    if REQUIRE_TF:
+        env["TFGRADS_REQUIRE_TF"] = "1"
+    return subprocess.run(
+        [sys.executable, *code_or_args],
+        env=env,
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _paths(env_overrides):
+    out = _child(
+        env_overrides, ["-c", "import torch_tfgrads as T; print(T.cpu.cpu_paths())"], timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own dict literal
+
+
+@pytest.mark.needs_tf
+@pytest.mark.parametrize("path", list(FORCED))
+def test_tensorflow_parity_holds_on_the_forced_path(tf, path):
+    env, tests = FORCED[path]
+    paths = _paths(env)
+    if path == "avx2":
+        assert paths["avx512_kernels"] is False, paths
+    else:
+        assert paths["rnn_brgemm"] is False, paths
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not needs_cuda"]
+    args += [f"tests/{t}" for t in tests]
+    out = _child(env, args)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    assert out.returncode == 0, f"{path}: {summary}\n{out.stdout[-4000:]}"
+    assert " passed" in summary and "skipped" not in summary, summary
+
+
+def test_cpu_paths_report_the_host():
+    p = T.cpu.cpu_paths()
+    assert {"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "forced"} <= set(p)
+    assert isinstance(p["avx512_kernels"], bool) and isinstance(p["rnn_brgemm"], bool)
+    if p["aten_capability"] != "AVX512":
+        assert p["avx512_kernels"] is False
+    assert T.cpu.describe().startswith(p["cpu"])
+
+
+def test_forcing_variables_are_checked():
+    bad = _child(
+        {"TFGRADS_CPU_CAPABILITY": "sse"}, ["-c", "import torch_tfgrads as T; T.cpu.cpu_paths()"]
+    )
+    assert bad.returncode != 0
+    assert "TFGRADS_CPU_CAPABILITY must be avx2, avx512 or unset, got 'sse'" in bad.stderr
+    forced = _paths({"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DISABLE_BRGEMM": "1"})
+    assert forced["forced"] == {"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DISABLE_BRGEMM": "1"}
+    # avx512 where the host (or ATen) has none is an error, not a silent fallback
+    if not T.cpu.cpu_paths()["avx512_kernels"]:
+        out = _child(
+            {"TFGRADS_CPU_CAPABILITY": "avx512"},
+            ["-c", "import torch_tfgrads as T; T.cpu.cpu_paths()"],
+        )
+        assert out.returncode != 0 and "TFGRADS_CPU_CAPABILITY=avx512, but" in out.stderr

@@ -1,0 +1,70 @@
+"""Which CPU kernel paths run on this host, and how to force the others.
+
+The CPU kernels are compiled for AVX2 + FMA (one binary for every x86-64 CPU with AVX2). A few
+have a second, AVX-512 version chosen at run time, and the recurrent family has a fast path on
+oneDNN's BRGEMM micro-kernels where ATen ships them. Two environment variables, read once per
+process at the first use, force a path so that any host can measure and test the others:
+
+* ``TFGRADS_CPU_CAPABILITY=avx2``: our AVX-512 kernels off (ATen keeps its own; set
+  ``ATEN_CPU_CAPABILITY=avx2`` to turn both off). ``=avx512`` makes their absence an error.
+* ``TFGRADS_DISABLE_BRGEMM=1``: the RNN runs its per-step cells and ATen's GEMMs.
+
+A build without AVX2 (``TFGRADS_CPU_BASELINE=1`` at build time) is the scalar path.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from . import _C
+
+ENV_VARS = ("TFGRADS_CPU_CAPABILITY", "TFGRADS_DISABLE_BRGEMM", "ATEN_CPU_CAPABILITY")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (with its family/model numbers on Linux, which tell AMD Zen
+    generations apart)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            fields = {}
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+        name = fields.get("model name", platform.processor() or platform.machine())
+        if "cpu family" in fields:
+            name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+        return name
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def cpu_paths() -> dict:
+    """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "forced"}``: the host, the
+    ISA ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path run, and the
+    forcing environment variables that are set.
+
+    Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
+    without AVX-512)."""
+    paths = dict(_C._cpu_paths())
+    return {
+        "cpu": cpu_model(),
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        **paths,
+        "forced": {k: os.environ[k] for k in ENV_VARS if os.environ.get(k)},
+    }
+
+
+def describe() -> str:
+    """One line for benchmark headers: host, ISA, the paths that run, what is forced."""
+    p = cpu_paths()
+    forced = ", ".join(f"{k}={v}" for k, v in p["forced"].items()) or "nothing forced"
+    return (
+        f"{p['cpu']}, {os.cpu_count()} CPUs; ATen {p['aten_capability']}; our AVX-512 kernels "
+        f"{'on' if p['avx512_kernels'] else 'off'}; RNN BRGEMM "
+        f"{'on' if p['rnn_brgemm'] else 'off'}; {forced}"
+    )
