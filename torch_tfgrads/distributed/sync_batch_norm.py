@@ -34,8 +34,8 @@ def is_synchronizing(process_group: dist.ProcessGroup | None = None) -> bool:
 def _all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
     """The SUM over the group of a buffer this module owns: torch's functional collective under
     torch.compile (traceable, one graph), the in-place c10d collective on a copy in eager mode
-    (the functional one costs an extra wait round trip per call in eager: measured on gloo in
-    docs/distributed.md)."""
+    (the functional one costs an extra wait round trip per call in eager; docs/benchmarks.md,
+    "Synchronized batch norm")."""
     if not is_synchronizing(group):
         return t  # Keras's default replica context: the all-reduce of one replica
     if torch.compiler.is_compiling():
