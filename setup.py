@@ -68,6 +68,17 @@ def _cpu_has_avx2():
     return all(flag in flags for flag in ("avx2", "fma", "f16c"))
 
 
+def with_ptx(arch_list):
+    """TORCH_CUDA_ARCH_LIST with "+PTX" on its newest arch (unless some entry has it already)."""
+    archs = arch_list.replace(",", ";").replace(" ", ";").split(";")
+    archs = [a for a in archs if a]
+    if not archs or any(a.endswith("+PTX") for a in archs):
+        return arch_list
+    newest = max(range(len(archs)), key=lambda k: float(archs[k].split("+")[0].rstrip("a")))
+    archs[newest] += "+PTX"
+    return ";".join(archs)
+
+
 def _cxx_accepts(flags):
     """Whether the C++ compiler takes these flags (tuning flags differ between GCC versions)."""
     import subprocess
@@ -142,6 +153,10 @@ def _extension():
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
             print("torch_tfgrads: no GPU visible, TORCH_CUDA_ARCH_LIST defaults to 9.0")
+        if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            # PTX of the newest arch too, so that a newer GPU JIT-compiles the kernels instead
+            # of failing with "no kernel image" (torch adds it itself only to a detected list).
+            os.environ["TORCH_CUDA_ARCH_LIST"] = with_ptx(os.environ["TORCH_CUDA_ARCH_LIST"])
         nvcc += ["--expt-relaxed-constexpr"]
 
     print(

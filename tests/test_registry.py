@@ -199,3 +199,26 @@ CUDAGRAPH_UNSAFE = {"fractional_avg_pool", "fractional_max_pool", "cudnn_rnn_v3"
 def test_cudagraph_unsafe_tag(op):
     tags = getattr(torch.ops.tfgrads, op).default.tags
     assert (torch.Tag.cudagraph_unsafe in tags) == (op in CUDAGRAPH_UNSAFE), (op, tags)
+
+
+def _setup_function(name):
+    """A top-level function of setup.py, without running setup.py."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    ns = {}
+    exec(compile(ast.Module([node], []), "setup.py", "exec"), ns)  # noqa: S102 - our own file
+    return ns[name]
+
+
+@pytest.mark.parametrize(
+    "arch_list,expected",
+    [
+        ("9.0", "9.0+PTX"),
+        ("8.0;9.0", "8.0;9.0+PTX"),
+        ("9.0 8.6", "9.0+PTX;8.6"),
+        ("12.0,9.0", "12.0+PTX;9.0"),
+        ("8.0;9.0+PTX", "8.0;9.0+PTX"),  # already there: unchanged
+    ],
+)
+def test_cuda_builds_embed_ptx_for_the_newest_arch(arch_list, expected):
+    assert _setup_function("with_ptx")(arch_list) == expected

@@ -143,7 +143,9 @@ def _lengths(sequence_lengths, input, time_major):
     if sequence_lengths is not None:
         return sequence_lengths
     T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
-    return torch.full((B,), T, dtype=torch.int32, device=input.device)
+    # On the host, where TF keeps them too: the kernels read the lengths on the host, so a
+    # device tensor would cost a device-to-host copy (a stream sync) in forward and backward.
+    return torch.full((B,), T, dtype=torch.int32)
 
 
 def cudnn_rnn_v3(
