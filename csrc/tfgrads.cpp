@@ -7,6 +7,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
+#include "common/launch_geometry.h"
 #include "cpu/isa.h"
 
 // `from torch_tfgrads import _C` only has to load this .so so that the static TORCH_LIBRARY
@@ -26,8 +29,31 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
   }
 }
 
+// The CUDA kernels' launch plans (common/launch_geometry.h), for the tests: compiled into every
+// build, as they are pure functions of the sizes.
+PyObject* launch_plan(PyObject*, PyObject* args) {
+  const char* kind = nullptr;
+  long long a = 0, b = 0, c = 0, d = 0;
+  if (!PyArg_ParseTuple(args, "sLLLL", &kind, &a, &b, &c, &d)) return nullptr;
+  using namespace torch_tfgrads::launch;
+  if (std::string(kind) == "bn") {  // (channels_last, C, outer, inner)
+    const BnPlan p = bn_plan(a != 0, b, c, d);
+    return Py_BuildValue("{s:L,s:L,s:L}", "parts", (long long)p.parts, "per_part",
+                         (long long)p.per_part, "grid_x", (long long)p.grid_x);
+  }
+  if (std::string(kind) == "dw_filter_grad") {  // (P, taps, CM, acc_bytes)
+    const DwFilterGradPlan p = dw_filter_grad_plan(a, b, c, d);
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L}", "chunks", (long long)p.chunks, "per_chunk",
+                         (long long)p.per_chunk, "grid_x", (long long)p.grid_x, "grid_y",
+                         (long long)p.grid_y, "workspace_bytes", (long long)p.workspace_bytes);
+  }
+  PyErr_SetString(PyExc_ValueError, "_launch_plan: kind must be 'bn' or 'dw_filter_grad'");
+  return nullptr;
+}
+
 PyMethodDef methods[] = {
     {"_cpu_paths", cpu_paths, METH_NOARGS, "{'avx512_kernels': bool, 'rnn_brgemm': bool}"},
+    {"_launch_plan", launch_plan, METH_VARARGS, "(kind, 4 sizes) -> the CUDA launch plan"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include "common/channel_layout.h"
 #include "common/depthwise_conv2d.h"
+#include "common/launch_geometry.h"
 
 namespace torch_tfgrads {
 namespace {
@@ -255,17 +256,17 @@ at::Tensor depthwise_conv2d_native_backprop_filter_cuda(
   const ChannelLayout l = choose_channel_layout(input, g.cdim(), !g.nchw);
   const at::Tensor x = to_physical(input, l), dy = to_physical(out_backprop, l);
   const int64_t CM = g.C * g.M, taps = g.fh * g.fw, P = g.N * g.Ho * g.Wo;
-  // Fixed chunks of pixels (sizes only, never the device): deterministic sums.
-  const int64_t chunks = std::min<int64_t>(std::max<int64_t>(1, P / 2048), 1024);
-  const int64_t per_chunk = (P + chunks - 1) / chunks;
   auto stream = c10::cuda::getCurrentCUDAStream();
   depthwise::dispatch_float_types(input.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     using acc_t = at::opmath_type<scalar_t>;
     const auto acc_type = c10::CppTypeToScalarType<acc_t>::value;
+    // Fixed chunks of pixels (sizes only, never the device: deterministic sums), the partials'
+    // workspace bounded (common/launch_geometry.h).
+    const launch::DwFilterGradPlan plan = launch::dw_filter_grad_plan(P, taps, CM, sizeof(acc_t));
+    const int64_t chunks = plan.chunks, per_chunk = plan.per_chunk;
     at::Tensor part = at::empty({chunks, taps, CM}, input.options().dtype(acc_type));
-    const dim3 grid(static_cast<unsigned>((CM + 31) / 32),
-                    static_cast<unsigned>(std::min<int64_t>(taps, 65535)),
+    const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y),
                     static_cast<unsigned>(chunks));
     const dim3 block(32, 8);
     if (l.channels_last)

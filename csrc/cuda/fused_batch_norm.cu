@@ -19,6 +19,7 @@
 
 #include "common/fused_batch_norm.h"
 #include "common/fused_batch_norm_sync.h"
+#include "common/launch_geometry.h"
 
 namespace torch_tfgrads {
 namespace {
@@ -26,7 +27,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // channels-last block: 32 channels x 8 rows of threads
 constexpr int kThreads = 256;     // channels-first and elementwise blocks
-constexpr int64_t kSpan = 4096;   // channels-first elements per block and channel
 
 // Running (count, mean, M2) of one thread or block.
 template <typename acc_t>
@@ -132,27 +132,24 @@ __global__ void partials_channels_first(int64_t N, int64_t C, int64_t S, int64_t
   }
 }
 
-// Launches the partial reduction for the layout; returns the number of partials per channel.
+// Launches the partial reduction for the layout with the plan's partials per channel
+// (common/launch_geometry.h; the workspace is sized by need: plan.parts * C accumulators).
 template <typename Acc, typename Push>
-int64_t launch_partials(const ChannelLayout& l, Push push, Acc* out, int64_t max_parts,
-                        cudaStream_t stream) {
+void launch_partials(const ChannelLayout& l, const launch::BnPlan& plan, Push push, Acc* out,
+                     cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.parts));
   if (l.channels_last) {
-    const int64_t parts = std::min<int64_t>(max_parts, (l.outer + 63) / 64);
-    const int64_t rows_per_block = (l.outer + parts - 1) / parts;
-    dim3 grid((l.C + kWarp - 1) / kWarp, parts), block(kWarp, kRowsPerBlock);
     partials_channels_last<Acc>
-        <<<grid, block, 0, stream>>>(l.outer, l.C, rows_per_block, push, out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return parts;
+        <<<grid, dim3(kWarp, kRowsPerBlock), 0, stream>>>(l.outer, l.C, plan.per_part, push, out);
+  } else {
+    partials_channels_first<Acc>
+        <<<grid, kThreads, 0, stream>>>(l.outer, l.C, l.inner, plan.per_part, push, out);
   }
-  const int64_t total = l.outer * l.inner;
-  const int64_t parts = std::min<int64_t>(max_parts, (total + kSpan - 1) / kSpan);
-  const int64_t span = (total + parts - 1) / parts;
-  dim3 grid(l.C, parts);
-  partials_channels_first<Acc>
-      <<<grid, kThreads, 0, stream>>>(l.outer, l.C, l.inner, span, push, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return parts;
+}
+
+launch::BnPlan plan_for(const ChannelLayout& l) {
+  return launch::bn_plan(l.channels_last, l.C, l.outer, l.inner);
 }
 
 template <typename acc_t>
@@ -249,11 +246,12 @@ void forward_cuda(bn::Forward& f, const at::Tensor& scale, const at::Tensor& off
   const scalar_t* x = f.x_phys.const_data_ptr<scalar_t>();
   const int64_t numel = f.x_phys.numel();
   if (f.training) {
-    const int64_t max_parts = 1024;
-    at::Tensor ws = at::empty({int64_t(sizeof(Welford<acc_t>)) * max_parts * l.C},
+    const launch::BnPlan plan = plan_for(l);
+    at::Tensor ws = at::empty({int64_t(sizeof(Welford<acc_t>)) * plan.parts * l.C},
                               f.x_phys.options().dtype(at::kByte));
     auto* parts = reinterpret_cast<Welford<acc_t>*>(ws.data_ptr());
-    const int64_t nparts = launch_partials(l, PushX<scalar_t, acc_t>{x}, parts, max_parts, stream);
+    launch_partials(l, plan, PushX<scalar_t, acc_t>{x}, parts, stream);
+    const int64_t nparts = plan.parts;
     const at::Tensor mean_c = f.uses_running_stats ? mean.contiguous() : f.rs1;
     const at::Tensor var_c = f.uses_running_stats ? variance.contiguous() : f.rs2;
     const acc_t factor = is_double ? acc_t(exponential_avg_factor)
@@ -283,12 +281,13 @@ void backward_cuda(bn::Backward& b, const at::Tensor& scale, const at::Tensor& r
   const scalar_t* x = b.x_phys.const_data_ptr<scalar_t>();
   const scalar_t* dy = b.dy_phys.const_data_ptr<scalar_t>();
   const int64_t numel = b.x_phys.numel();
-  const int64_t max_parts = 1024;
-  at::Tensor ws = at::empty({int64_t(sizeof(GradSums<acc_t>)) * max_parts * l.C},
+  const launch::BnPlan plan = plan_for(l);
+  at::Tensor ws = at::empty({int64_t(sizeof(GradSums<acc_t>)) * plan.parts * l.C},
                             b.x_phys.options().dtype(at::kByte));
   auto* parts = reinterpret_cast<GradSums<acc_t>*>(ws.data_ptr());
-  const int64_t nparts = launch_partials(
-      l, PushGrad<scalar_t, acc_t>{dy, x, rs1_c.const_data_ptr<acc_t>()}, parts, max_parts, stream);
+  launch_partials(l, plan, PushGrad<scalar_t, acc_t>{dy, x, rs1_c.const_data_ptr<acc_t>()}, parts,
+                  stream);
+  const int64_t nparts = plan.parts;
   at::Tensor coef = at::empty({3 * l.C}, rs1_c.options());
   finalize_grad<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
       parts, nparts, l.C, numel / l.C, scale_c.const_data_ptr<acc_t>(),
@@ -373,16 +372,16 @@ void sync_sums_cuda(const bn_sync::Prepared& p, const scalar_t* dy, const at::Te
   using acc_t = at::opmath_type<scalar_t>;
   const auto& l = p.layout;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t max_parts = 1024;
-  at::Tensor ws = at::empty({int64_t(sizeof(GradSums<acc_t>)) * max_parts * l.C},
+  const launch::BnPlan plan = plan_for(l);
+  at::Tensor ws = at::empty({int64_t(sizeof(GradSums<acc_t>)) * plan.parts * l.C},
                             p.x_phys.options().dtype(at::kByte));
   auto* parts = reinterpret_cast<GradSums<acc_t>*>(ws.data_ptr());
   const at::Tensor mean_c = mean.contiguous();
-  const int64_t nparts = launch_partials(
-      l,
-      PushGrad<scalar_t, acc_t>{dy, p.x_phys.const_data_ptr<scalar_t>(),
-                                mean_c.const_data_ptr<acc_t>()},
-      parts, max_parts, stream);
+  launch_partials(l, plan,
+                  PushGrad<scalar_t, acc_t>{dy, p.x_phys.const_data_ptr<scalar_t>(),
+                                            mean_c.const_data_ptr<acc_t>()},
+                  parts, stream);
+  const int64_t nparts = plan.parts;
   finalize_sums<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
       parts, nparts, l.C, with_count, acc_t(p.count), out.data_ptr<acc_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
