@@ -55,3 +55,16 @@ __all__ = [
     "nn",
     "cpu",
 ]
+
+
+def __getattr__(name):
+    # torch_tfgrads.compare / .record (the layer-by-layer diff of a Keras port, docs/debugging.md)
+    # and the .diff subpackage load on first use, so that `import torch_tfgrads` stays free of
+    # TensorFlow, h5py and the diff code. They are not in __all__, which lists the ops (every
+    # name there is compiled by tests/test_compile_public.py).
+    if name in ("compare", "record", "diff"):
+        import importlib
+
+        diff = importlib.import_module(".diff", __name__)
+        return diff if name == "diff" else getattr(diff, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

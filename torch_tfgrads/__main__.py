@@ -1,4 +1,8 @@
-"""Command line: `python -m torch_tfgrads demo | parity | check-build`."""
+"""Command line: `python -m torch_tfgrads demo | parity | check-build | record | compare`.
+
+`record` runs a Keras model (TensorFlow needed) and writes a recording of every layer;
+`compare` diffs a torch port against it, layer by layer, without TensorFlow (docs/debugging.md).
+"""
 
 import argparse
 import sys
@@ -53,7 +57,14 @@ def main(argv=None):
     d.add_argument("--parity-cases", type=int, default=8)
     c = sub.add_parser("check-build", help="show which kernels are compiled in")
     c.add_argument("--require-cuda", action="store_true")
+    from torch_tfgrads.diff.cli import add_parsers
+
+    add_parsers(sub)
     args = parser.parse_args(argv)
+    if args.cmd in ("record", "compare"):
+        from torch_tfgrads.diff import cli
+
+        return cli.run_record(args) if args.cmd == "record" else cli.run_compare(args)
     if args.cmd == "demo":
         from torch_tfgrads.demo import run_demo
 
