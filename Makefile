@@ -130,7 +130,9 @@ bench: build $(TEST_STAMP)
 
 # Proves the CUDA kernels compile and link against a CUDA build of torch, without a GPU: an
 # out-of-tree copy is built with a cached venv's torch and /usr/local/cuda's nvcc, then imported
-# (the in-tree CPU build is left alone).
+# (the in-tree CPU build is left alone). nvcc treats a host function called from device code as
+# an error, and ptxas reports every kernel's registers: a spill fails the check. The build's
+# output is in $(CUDA_BUILD)/build.log.
 cuda-check:
 	@test -n "$(NVCC)" || { echo "cuda-check: no nvcc found"; exit 1; }
 	@test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
@@ -139,8 +141,13 @@ cuda-check:
 	rm -rf $(CUDA_BUILD) && mkdir -p $(CUDA_BUILD)
 	cp -r setup.py pyproject.toml README.md csrc torch_tfgrads $(CUDA_BUILD)/
 	rm -f $(CUDA_BUILD)/torch_tfgrads/*.so $(CUDA_BUILD)/torch_tfgrads/_build_info.py
-	cd $(CUDA_BUILD) && FORCE_CUDA=1 CUDA_HOME=$(dir $(patsubst %/,%,$(dir $(NVCC)))) \
-	  TORCH_CUDA_ARCH_LIST=$${TORCH_CUDA_ARCH_LIST:-9.0} $(CUDA_VENV)/bin/python setup.py -q build_ext --inplace
+	cd $(CUDA_BUILD) && FORCE_CUDA=1 TFGRADS_PTXAS_VERBOSE=1 CUDA_HOME=$(dir $(patsubst %/,%,$(dir $(NVCC)))) \
+	  TORCH_CUDA_ARCH_LIST=$${TORCH_CUDA_ARCH_LIST:-9.0} $(CUDA_VENV)/bin/python setup.py -q build_ext --inplace \
+	  > build.log 2>&1 || { cat build.log; exit 1; }
+	@cd $(CUDA_BUILD) && grep -q "ptxas info" build.log || { echo "cuda-check: no ptxas report"; exit 1; }
+	@cd $(CUDA_BUILD) && if grep -E "[1-9][0-9]* bytes spill (stores|loads)" build.log; then \
+	  echo "cuda-check: a kernel spills registers (above)"; exit 1; fi
+	@cd $(CUDA_BUILD) && echo "cuda-check: $$(grep -c 'Used [0-9]* registers' build.log) kernels compiled, no spills"
 	cd $(CUDA_BUILD) && $(CUDA_VENV)/bin/python -m torch_tfgrads check-build --require-cuda
 
 # The CPU kernels under AddressSanitizer + UndefinedBehaviorSanitizer: an out-of-tree copy built

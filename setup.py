@@ -157,7 +157,10 @@ def _extension():
             # PTX of the newest arch too, so that a newer GPU JIT-compiles the kernels instead
             # of failing with "no kernel image" (torch adds it itself only to a detected list).
             os.environ["TORCH_CUDA_ARCH_LIST"] = with_ptx(os.environ["TORCH_CUDA_ARCH_LIST"])
-        nvcc += ["--expt-relaxed-constexpr"]
+        nvcc += ["--expt-relaxed-constexpr", "-Werror=cross-execution-space-call"]
+        if _env_flag("TFGRADS_PTXAS_VERBOSE"):
+            # Registers and spills per kernel (make cuda-check fails on any spill).
+            nvcc += ["-Xptxas=-v"]
 
     print(
         f"torch_tfgrads: CUDA kernels {'ON' if use_cuda else 'OFF'} ({why}); "
