@@ -28,6 +28,10 @@ TORCH_MIN ?= 2.4
 TORCH_INDEX ?=
 CORE_DEPS ?= numpy ninja
 TEST_DEPS ?= pytest tensorflow-cpu==2.21.0 h5py protobuf
+# tf-keras (Keras 2, for the tests where its behaviour differs) without its dependencies: it
+# requires the `tensorflow` distribution, which would install the full TF beside tensorflow-cpu
+# (the same `tensorflow` module).
+TEST_NODEPS ?= tf-keras==2.21.0
 LINT_DEPS ?= ruff==0.17.6 clang-format==19.1.7
 CUDA_VENV ?= $(HOME)/.cache/torch_tfgrads/cuda-venv
 CUDA_TORCH_SPEC ?= torch==2.15.0
@@ -87,6 +91,7 @@ $(CORE_STAMP): $(VPY) Makefile
 
 $(TEST_STAMP): $(VPY) Makefile
 	$(VPY) -m pip install -q $(TEST_DEPS)
+	$(VPY) -m pip install -q --no-deps $(TEST_NODEPS)
 	@touch $@
 
 $(LINT_STAMP): $(VPY) Makefile

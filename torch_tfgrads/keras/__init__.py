@@ -3,6 +3,7 @@
     model = torch_tfgrads.keras.load_model("model.keras")   # or a legacy "model.h5"
     y = model(x)                                             # channels last, like Keras
     torch_tfgrads.keras.load_weights(model, "other.weights.h5")
+    torch_tfgrads.keras.load_weights(model, "ckpt/ckpt-1")   # a TF checkpoint, without TF
 
 Needs h5py (``pip install 'torch_tfgrads[keras]'``). See docs/keras.md for the supported layers,
 their tolerances and what differs from Keras.
@@ -76,19 +77,32 @@ def _named_layers(model, path=()):
             yield path + (name,), child
 
 
-def load_weights(model, path):
-    """Copy the weights of a Keras file (``.weights.h5``, ``.keras`` or ``.h5``) into ``model``.
+def load_weights(model, path, root=None):
+    """Copy the weights of a Keras file or a TF checkpoint into ``model``.
 
-    ``model`` is a :class:`KerasModel` from :func:`load_model`; the file must hold the weights
-    of the same architecture. Every shape is checked before any value is copied.
+    ``model`` is a :class:`KerasModel` from :func:`load_model`; ``path`` holds the weights of
+    the same architecture: a Keras file (``.weights.h5``, ``.keras`` or ``.h5``), or a TF
+    checkpoint prefix (``ckpt-1``, its ``.index`` file, or a SavedModel directory) written by
+    ``tf.train.Checkpoint(model=keras_model)`` or tf-keras's ``save_weights(..., save_format="tf")``.
+    A checkpoint's variables are found through its object graph (see docs/tf_checkpoint.md);
+    ``root`` names the model's object in it (e.g. ``"model"``) when that is ambiguous. Every
+    weight is matched and its shape checked before any value is copied; a checkpoint is read
+    without TensorFlow.
     """
     if not isinstance(model, KerasModel):
         raise TypeError("load_weights: the model must come from torch_tfgrads.keras.load_model")
-    kfile = read_file(path)
-    try:
-        arrays = read_arrays(kfile, model.keras_config)
-    finally:
-        kfile.close()
+    from .checkpoint import checkpoint_arrays, is_checkpoint
+
+    if is_checkpoint(path):
+        arrays = checkpoint_arrays(model, path, root)
+    else:
+        if root is not None:
+            raise TypeError(f"load_weights: root= applies to TF checkpoints; {path} is not one")
+        kfile = read_file(path)
+        try:
+            arrays = read_arrays(kfile, model.keras_config)
+        finally:
+            kfile.close()
     for lpath, layer in _named_layers(model):  # check every layer before copying anything
         got = arrays.get(lpath, [])
         pairs = keras_tensors(layer)

@@ -7,6 +7,7 @@ and a SavedModel's `variables/variables` write: `PREFIX.index` plus `PREFIX.data
     tensors = tf_checkpoint.read("ckpt/model-1")        # {key: torch.Tensor}
     tf_checkpoint.list_variables("ckpt/model-1")        # [(key, shape)], as tf.train.list_variables
     tf_checkpoint.variable_names("ckpt/model-1")        # {key: "sequential/dense/kernel", ...}
+    tf_checkpoint.load_cudnn_rnn(cudnn_lstm, "v1/model")  # a TF 1 CudnnLSTM's opaque buffer
 
 Every tensor's CRC-32C is checked; a missing, truncated or corrupted file raises
 `CheckpointError` naming the file and the key, and nothing is returned. Needs `protobuf`
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .bundle import Bundle, CheckpointError, Entry, Header
+from .cudnn_rnn import load_cudnn_rnn
 from .object_graph import (
     OBJECT_GRAPH_KEY,
     Attribute,
@@ -40,6 +42,7 @@ __all__ = [
     "variable_names",
     "variable_paths",
     "load_weights",
+    "load_cudnn_rnn",
     "CheckpointError",
     "Entry",
     "Header",
