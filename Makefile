@@ -158,8 +158,9 @@ cuda-check:
 # The CPU kernels under AddressSanitizer + UndefinedBehaviorSanitizer: an out-of-tree copy built
 # with TFGRADS_SANITIZE=1 runs the whole test suite (bad inputs included) with the sanitizer
 # runtimes preloaded into the venv's python; any finding aborts the run. (The in-tree build is
-# left alone.) The multi-process tests are left out: they run the same kernels as the
-# single-process ones, in spawned interpreters that would each load the sanitizer runtimes.
+# left alone.) The multi-process tests and the forced-ISA-path reruns are left out: they run the
+# same kernels as the rest of the suite, in spawned interpreters that would each load the
+# sanitizer runtimes.
 sanitize: sanitize-build $(TEST_STAMP)
 	cd $(SAN_BUILD) && rm -f sanitizer.log.* && \
 	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:log_path=$(abspath $(SAN_BUILD))/sanitizer.log \
@@ -167,7 +168,8 @@ sanitize: sanitize-build $(TEST_STAMP)
 	  LD_PRELOAD="$$($${CXX:-c++} -print-file-name=libasan.so):$$($${CXX:-c++} -print-file-name=libubsan.so)" \
 	  sh -c '$(abspath $(VPY)) -c "import torch_tfgrads._C as c, sys; print(c.__file__); \
 	    sys.exit(0 if \"$(SAN_BUILD)\" in c.__file__ else \"sanitize: not the sanitized build\")" \
-	    && $(abspath $(VPY)) -m pytest -q -p no:cacheprovider -m "not multiprocess" tests' \
+	    && $(abspath $(VPY)) -m pytest -q -p no:cacheprovider -m "not multiprocess" \
+	      --ignore=tests/test_forced_cpu_paths.py tests' \
 	  || { echo "sanitize: FAILED; sanitizer reports (pytest's capture hides them):"; \
 	       cat sanitizer.log.* 2>/dev/null; exit 1; }
 

@@ -13,10 +13,10 @@
 
 #include "common/channel_layout.h"
 #include "common/depthwise_conv2d.h"
-#include "cpu/isa.h"
 #include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/depthwise_conv2d_cpu.h"
 #include "cpu/depthwise_conv2d_planes.h"
+#include "cpu/isa.h"
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {

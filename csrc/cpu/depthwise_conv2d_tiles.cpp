@@ -9,10 +9,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/isa.h"
 #include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/depthwise_conv2d_cpu.h"
 #include "cpu/depthwise_conv2d_row_staging.h"
+#include "cpu/isa.h"
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {

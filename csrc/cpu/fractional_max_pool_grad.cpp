@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/fractional_pool.h"
-#include "cpu/isa.h"
 #include "cpu/fractional_max_pool_grad_avx512.h"
 #include "cpu/fractional_pool_cpu.h"
+#include "cpu/isa.h"
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {
