@@ -827,3 +827,39 @@ def test_synchronized_batch_norm_loads_and_converts(tf, keras, tmp_path):
     assert convert_sync_batchnorm(module) is module
     assert module.bn_plain.synchronized and module.bn_plain.keras_version == 3
     assert list(module.state_dict()) == keys and "bn_plain.moving_variance" in keys
+
+
+_CONVERT_CHILD = """
+import runpy, sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _Block())
+sys.argv = ["python -m torch_tfgrads", "convert", *sys.argv[1:]]
+runpy.run_module("torch_tfgrads", run_name="__main__")
+"""
+
+
+def test_convert_cli_saves_the_module_without_tensorflow(tf, keras, tmp_path):
+    """`python -m torch_tfgrads convert model.keras -o model.pt` where TF cannot be imported; the
+    saved module loads with torch.load and computes what load_model's module computes."""
+    kmodel = _cnn(keras)
+    _randomize(kmodel)
+    path = _save(kmodel, tmp_path, "keras")
+    out = tmp_path / "model.pt"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run(
+        [sys.executable, "-c", _CONVERT_CHILD, path, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    assert r.returncode == 0 and "convert:" in r.stdout, r.stderr[-3000:]
+    saved = torch.load(out, weights_only=False).eval()
+    direct = load_model(path).eval()
+    x = torch.from_numpy(np.random.default_rng(3).normal(size=(2, 9, 9, 3)).astype(np.float32))
+    assert torch.equal(saved(x), direct(x))
+    assert saved.state_dict().keys() == direct.state_dict().keys()

@@ -1,5 +1,6 @@
-"""Command line: `python -m torch_tfgrads demo | parity | check-build | record | compare`.
+"""Command line: `python -m torch_tfgrads demo | parity | check-build | convert | record | compare`.
 
+`convert` turns a Keras file into a saved nn.Module without TensorFlow (docs/keras.md);
 `record` runs a Keras model (TensorFlow needed) and writes a recording of every layer;
 `compare` diffs a torch port against it, layer by layer, without TensorFlow (docs/debugging.md).
 """
@@ -46,6 +47,22 @@ def _check_build(require_cuda):
     return 0 if ok else 1
 
 
+def _convert(path, output):
+    import torch
+
+    from torch_tfgrads.keras import load_model
+
+    module = load_model(path)
+    torch.save(module, output)
+    params = sum(p.numel() for p in module.parameters())
+    print(
+        f"convert: {path} -> {output}: {len(list(module.children()))} layers, {params} "
+        "parameters (load with torch.load(path, weights_only=False); torch_tfgrads must be "
+        "importable)"
+    )
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m torch_tfgrads")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -57,6 +74,9 @@ def main(argv=None):
     d.add_argument("--parity-cases", type=int, default=8)
     c = sub.add_parser("check-build", help="show which kernels are compiled in")
     c.add_argument("--require-cuda", action="store_true")
+    k = sub.add_parser("convert", help="a Keras .keras/.h5 file -> a saved nn.Module (no TF)")
+    k.add_argument("model", help="a Keras model file (.keras, .h5)")
+    k.add_argument("-o", "--output", required=True, help="the module, saved with torch.save")
     from torch_tfgrads.diff.cli import add_parsers
 
     add_parsers(sub)
@@ -65,6 +85,8 @@ def main(argv=None):
         from torch_tfgrads.diff import cli
 
         return cli.run_record(args) if args.cmd == "record" else cli.run_compare(args)
+    if args.cmd == "convert":
+        return _convert(args.model, args.output)
     if args.cmd == "demo":
         from torch_tfgrads.demo import run_demo
 
