@@ -37,6 +37,18 @@ DEVICES = ["cpu", pytest.param("cuda", marks=_cuda_marks())]
 CUDA_DEVICES = [pytest.param("cuda", marks=_cuda_marks())]
 
 
+# Preamble of the child scripts that prove a path TF-free: any import of TensorFlow, Keras or
+# tf-keras raises in the child.
+BLOCK_TF = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
+
 def rel_err(actual, expected):
     """Normwise (L-infinity) relative error, computed in float64."""
     a, e = actual.detach().cpu().double(), expected.detach().cpu().double()

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import torch_tfgrads
+from helpers import BLOCK_TF
 from torch_tfgrads import diff as D
 from torch_tfgrads.diff.example import randomize, symmetric_padding
 from torch_tfgrads.diff.metrics import measure, ulp_distance
@@ -273,13 +274,10 @@ def test_wrong_gru_reset_after(text):
 
 # ------------------------------------------------------------------ round trip, outputs, CLI
 
-_TF_FREE_CHILD = """
+_TF_FREE_CHILD = (
+    BLOCK_TF
+    + """
 import json, sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
-            raise ImportError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, _Block())
 from torch_tfgrads.__main__ import main
 rc = main(["compare", sys.argv[1], sys.argv[2], "--json", sys.argv[3], "--html", sys.argv[4],
            "--plain"])
@@ -287,6 +285,7 @@ bad = [n for n in sys.modules if n.split(".")[0] in ("tensorflow", "keras")]
 assert not bad, bad
 print("RC", rc)
 """
+)
 
 
 def test_compare_from_recording_without_tensorflow(cnn, tmp_path):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import rel_err
+from helpers import BLOCK_TF, rel_err
+from torch_tfgrads.diff.example import randomize as _randomize
 from torch_tfgrads.keras import KerasLoadError, load_model, load_weights
 
 pytestmark = pytest.mark.needs_tf
@@ -40,20 +41,6 @@ def floatx(keras):
     yield set_floatx
     keras.config.set_floatx(old)
     keras.config.set_dtype_policy(old_policy)
-
-
-def _randomize(model, seed=0):
-    """Random weights everywhere (BN statistics included) so that no layer is the identity."""
-    rng = np.random.default_rng(seed)
-    for v in model.weights:
-        shape, name = tuple(v.shape), v.path.split("/")[-1]
-        if name in ("moving_variance", "gamma"):
-            val = rng.uniform(0.5, 1.5, shape)
-        elif name == "moving_mean":
-            val = rng.normal(0.0, 0.2, shape)
-        else:
-            val = rng.normal(0.0, 0.3, shape)
-        v.assign(val.astype(v.dtype))
 
 
 def _keras_run(tf, model, inputs, training, seeds):
@@ -356,13 +343,10 @@ def test_fused_batch_norm_biased_option():
         FusedBatchNorm(5, moving_variance="unbiased")
 
 
-_TF_FREE_CHILD = """
+_TF_FREE_CHILD = (
+    BLOCK_TF
+    + """
 import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
-            raise ImportError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, _Block())
 import numpy as np, torch
 import torch_tfgrads.keras as K
 for path in sys.argv[2:]:
@@ -374,6 +358,7 @@ bad = [n for n in sys.modules if n.split(".")[0] in ("tensorflow", "keras")]
 assert not bad, bad
 print("OK")
 """
+)
 
 
 def test_loads_without_tensorflow(tf, keras, tmp_path):
@@ -829,16 +814,14 @@ def test_synchronized_batch_norm_loads_and_converts(tf, keras, tmp_path):
     assert list(module.state_dict()) == keys and "bn_plain.moving_variance" in keys
 
 
-_CONVERT_CHILD = """
+_CONVERT_CHILD = (
+    BLOCK_TF
+    + """
 import runpy, sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
-            raise ImportError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, _Block())
 sys.argv = ["python -m torch_tfgrads", "convert", *sys.argv[1:]]
 runpy.run_module("torch_tfgrads", run_name="__main__")
 """
+)
 
 
 def test_convert_cli_saves_the_module_without_tensorflow(tf, keras, tmp_path):

@@ -166,7 +166,7 @@ class FusedBatchNorm(torch.nn.Module):
             elif x.numel() == 0:  # tf-keras leaves a replica with an empty batch unchanged
                 return y
             else:  # tf-keras: assign_sub((variable - value) * decay), decay a float32 constant
-                decay = torch.tensor(1.0 - m, dtype=torch.float32).to(mean.dtype)
+                decay = float(torch.tensor(1.0 - m, dtype=torch.float32))  # a Python scalar
                 new_mean = mean - (mean - batch_mean) * decay
                 new_var = var - (var - batch_var) * decay
             self.running_mean.copy_(new_mean)
