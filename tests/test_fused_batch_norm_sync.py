@@ -5,7 +5,7 @@ Several processes: tests/test_sync_batch_norm_ddp.py; TensorFlow: test_sync_batc
 
 import pytest
 import torch
-from torch.autograd import gradcheck
+from torch.autograd import gradcheck, gradgradcheck
 
 import torch_tfgrads as T
 from helpers import CUDA_DEVICES, DEVICES, rel_err
@@ -309,3 +309,27 @@ def test_no_host_synchronization_on_cuda(device):
         torch.cuda.set_sync_debug_mode("default")
     ref = T.fused_batch_norm_v3(x.detach().cpu(), s.detach().cpu(), o.detach().cpu(), epsilon=1e-3)
     assert rel_err(y, ref[0]) <= 1e-5
+
+
+def test_stats_gradgradcheck_float64():
+    x = torch.randn(2, 3, 2, 4, dtype=torch.float64, requires_grad=True)
+    assert gradgradcheck(lambda x: T.fused_batch_norm_sync_stats(x), (x,))
+
+
+class _AllThree(torch.nn.Module):
+    def forward(self, x, dy, scale, mean, var):
+        stats = T.fused_batch_norm_sync_stats(x)
+        sums = T.fused_batch_norm_sync_grad_sums(dy, x, mean)
+        dx = T.fused_batch_norm_sync_backprop_input(dy, x, scale, mean, var, sums, stats[-1:])
+        return stats, sums, dx
+
+
+def test_export_keeps_each_sync_op():
+    args = (torch.randn(3, 4, 4, 5), torch.randn(3, 4, 4, 5), torch.rand(5) + 0.5)
+    args += (torch.randn(5), torch.rand(5) + 0.5)
+    ep = torch.export.export(_AllThree(), args)
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    for op in ("stats", "grad_sums", "backprop_input"):
+        assert getattr(torch.ops.tfgrads, f"fused_batch_norm_sync_{op}").default in targets, op
+    for got, want in zip(ep.module()(*args), _AllThree()(*args)):
+        assert torch.equal(got, want)
