@@ -223,12 +223,13 @@ def test_untied_lstm_bias(text):
     lstm = module.lstm
     recurrent_half = torch.from_numpy(np.random.default_rng(5).normal(0, 0.1, 16)).float()
 
-    def step(self, x, h, c):  # Keras's cell, with z = x W + b_input + (h U + b_recurrent)
+    def step(self, x, h, c, *_):  # Keras's cell, with z = x W + b_input + (h U + b_recurrent)
         z = x @ self.kernel + self.bias + (h @ self.recurrent_kernel + recurrent_half)
         z0, z1, z2, z3 = z.split(self.units, dim=-1)
         c = torch.sigmoid(z1) * c + torch.sigmoid(z0) * torch.tanh(z2)
         return torch.sigmoid(z3) * torch.tanh(c), c
 
+    lstm.use_cudnn = False  # the step loop, with the planted cell
     lstm._step = types.MethodType(step, lstm)
     report = D.compare(text.rec_path, module)
     assert report.first_divergence == "lstm"
@@ -249,7 +250,7 @@ def test_wrong_gru_reset_after(text):
     module = text.fresh()
     gru = module.gru
 
-    def reset_before(self, x, h, c):
+    def reset_before(self, x, h, c, *_):
         U = self.units
         x_z, x_r, x_h = (x @ self.kernel + self.bias[0]).split(U, dim=-1)
         inner = h @ self.recurrent_kernel[:, : 2 * U] + self.bias[1][: 2 * U]
@@ -258,6 +259,7 @@ def test_wrong_gru_reset_after(text):
         hh = torch.tanh(x_h + (r * h) @ self.recurrent_kernel[:, 2 * U :] + self.bias[1][2 * U :])
         return z * h + (1 - z) * hh, c
 
+    gru.use_cudnn = False  # the step loop, with the planted cell
     gru._step = types.MethodType(reset_before, gru)
     report = D.compare(text.rec_path, module)
     assert report.first_divergence == "gru"

@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import zipfile
 
 import h5py
 import numpy as np
@@ -82,6 +83,8 @@ def _var(module, path):
                 continue
             if part.startswith(("forward_", "backward_")):  # Bidirectional's copies
                 part = part.split("_")[0] + "_layer"
+            elif getattr(obj, "keras_class", None) == "TimeDistributed":
+                part = "layer"  # Keras names the wrapped layer's variables by its own name
         obj = getattr(obj, part)
     return obj
 
@@ -754,10 +757,21 @@ def test_mask_into_unsupported_layer_refused(keras, tmp_path):
     L = keras.layers
     inp = L.Input((5,), dtype="int32")
     x = L.Embedding(9, 3, mask_zero=True, name="emb")(inp)
-    out = L.GlobalAveragePooling1D(name="gap")(x)
+    out = L.LSTM(2, name="lstm")(x)
     path = str(tmp_path / "m.keras")
     keras.Model(inp, out).save(path)
-    with pytest.raises(KerasLoadError, match="'gap'.*called with a Keras mask"):
+    # every supported layer Keras hands a mask to takes it: plant one on a layer that does not
+    with zipfile.ZipFile(path) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    config = json.loads(files["config.json"])
+    lstm = [lc for lc in config["config"]["layers"] if lc["name"] == "lstm"][0]
+    emb = [lc for lc in config["config"]["layers"] if lc["name"] == "emb"][0]
+    emb["inbound_nodes"][0]["kwargs"]["mask"] = lstm["inbound_nodes"][0]["kwargs"]["mask"]
+    files["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    with pytest.raises(KerasLoadError, match="'emb'.*called with a Keras mask"):
         load_model(path)
     seq = keras.Sequential(
         [L.Input((5,), dtype="int32"), L.Embedding(9, 3, mask_zero=True), L.LSTM(2)]
@@ -846,3 +860,52 @@ def test_convert_cli_saves_the_module_without_tensorflow(tf, keras, tmp_path):
     x = torch.from_numpy(np.random.default_rng(3).normal(size=(2, 9, 9, 3)).astype(np.float32))
     assert torch.equal(saved(x), direct(x))
     assert saved.state_dict().keys() == direct.state_dict().keys()
+
+
+def _time_model(keras):
+    L = keras.layers
+    inp = L.Input((6, 3))
+    x = L.Masking(0.0, name="masking")(inp)
+    x = L.LSTM(4, return_sequences=True, name="lstm")(x)
+    x = L.TimeDistributed(L.Dense(3, activation="tanh"), name="td_dense")(x)
+    x = L.TimeDistributed(L.BatchNormalization(), name="td_bn")(x)
+    x = L.Bidirectional(L.GRU(2, return_sequences=True), name="bi")(x)
+    x = L.GRU(3, name="gru")(x)
+    return keras.Model(inp, L.Dense(2, name="out")(x), name="timed")
+
+
+@pytest.mark.parametrize("ext", ["keras", "h5"])
+def test_masking_and_time_distributed_float64(tf, keras, floatx, tmp_path, ext):
+    """Masking -> LSTM -> TimeDistributed(Dense), TimeDistributed(BatchNormalization) (batch
+    statistics per step in training) -> Bidirectional(GRU) -> GRU, the mask carried through:
+    right padding (the cuDNN op) and a hole (the step loop); moving statistics after training."""
+    floatx("float64")
+    kmodel = _time_model(keras)
+    _randomize(kmodel, seed=41)
+    module = load_model(_save(kmodel, tmp_path, ext))
+    assert "td_dense.layer.kernel" in module.state_dict()
+    assert "td_bn.layer.moving_variance" in module.state_dict()
+    x = np.random.default_rng(42).normal(size=(4, 6, 3))
+    x[0, 4:] = 0.0  # right padding
+    x[2, 5:] = 0.0
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12)
+    x[1, 2] = 0.0  # a hole: the step loop
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12, modes=(False,))
+
+
+def test_mask_into_batch_norm_and_average_pooling_float64(tf, keras, floatx, tmp_path):
+    """Embedding(mask_zero) -> BatchNormalization (Keras 3's masked moments in training) ->
+    GlobalAveragePooling1D (the mean over unmasked steps): the common text classifier."""
+    floatx("float64")
+    L = keras.layers
+    inp = L.Input((6,), dtype="int32")
+    x = L.Embedding(12, 4, mask_zero=True, name="emb")(inp)
+    x = L.BatchNormalization(name="bn")(x)
+    x = L.GlobalAveragePooling1D(name="gap")(x)
+    kmodel = keras.Model(inp, L.Dense(2, name="out")(x))
+    _randomize(kmodel, seed=43)
+    module = load_model(_save(kmodel, tmp_path, "keras"))
+    x = np.random.default_rng(44).integers(1, 12, size=(4, 6)).astype(np.int32)
+    x[0, 3:] = 0
+    x[2, 1] = 0
+    _compare(tf, kmodel, module, [x], 1e-12, 1e-12)

@@ -79,8 +79,17 @@ def keras_tensors(module):
     return [(n, getattr(module, n)) for n in getattr(module, "keras_variables", ())]
 
 
-# Layer classes the graph and weight readers treat specially.
-MASK_CONSUMERS = ("LSTM", "GRU", "SimpleRNN", "Bidirectional")
+# Layer classes the graph and weight readers treat specially. MASK_CONSUMERS: those whose
+# Keras call takes the mask (Keras passes it; the converted module uses it).
+MASK_CONSUMERS = (
+    "LSTM",
+    "GRU",
+    "SimpleRNN",
+    "Bidirectional",
+    "TimeDistributed",
+    "BatchNormalization",
+    "GlobalAveragePooling1D",
+)
 CELL_LAYERS = ("LSTM", "GRU", "SimpleRNN")
 MODEL_CLASSES = ("Functional", "Sequential", "Model")
 

@@ -45,7 +45,8 @@ from .layers_misc import (
     UpSampling2D,
     ZeroPadding2D,
 )
-from .layers_recurrent import Bidirectional, NotEqual, Recurrent
+from .layers_recurrent import Any, Bidirectional, NotEqual, Recurrent
+from .layers_time import Masking, TimeDistributed
 
 
 def _conv(rank):
@@ -102,6 +103,9 @@ CONVERTERS = {
     "SimpleRNN": Recurrent,
     "Bidirectional": Bidirectional,
     "NotEqual": NotEqual,
+    "Any": Any,
+    "Masking": Masking,
+    "TimeDistributed": TimeDistributed,
 }
 
 #: Layers that take a Keras mask (recorded as mask=<tensor> in a Keras 3 graph).

@@ -219,12 +219,14 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         self.synchronized = bool(cfg.get("synchronized", False))
         self.keras_version = 3 if ctx.keras_major >= 3 else 2
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         if self.axis not in (-1, x.dim() - 1):
             raise ValueError(
                 f"BatchNormalization: axis {self.axis} is not the last axis of the "
                 f"input of shape {list(x.shape)}; only channels-last is supported"
             )
+        if mask is not None and self.training and self.layer_trainable:
+            return self._masked_training(x, mask)
         if self.keras_major < 3:
             self.moving_variance_rule = "bessel" if self.keras2_fused and x.dim() == 4 else "biased"
         shape = x.shape
@@ -237,6 +239,31 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         finally:
             self.training = training
         return y.reshape(shape)
+
+    def _masked_training(self, x, mask):
+        """Keras 3's moments over the unmasked positions (it divides by their count plus
+        1e-7, its epsilon), then tf.nn.batch_normalization, in plain torch."""
+        if mask.dim() != x.dim() - 1:
+            raise ValueError(
+                f"BatchNormalization: the mask must have one dimension less than the input "
+                f"{list(x.shape)}, got {list(mask.shape)}"
+            )
+        m = mask[..., None].expand_as(x)
+        dims = tuple(range(x.dim() - 1))
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        count = m.to(x.dtype).sum(dims, keepdim=True) + 1e-7
+        mean = torch.where(m, x, zero).sum(dims, keepdim=True) / count
+        var = torch.where(m, x - mean, zero).square().sum(dims, keepdim=True) / count
+        mean, var = mean.reshape(-1), var.reshape(-1)
+        with torch.no_grad():
+            k = self.momentum
+            self.running_mean.copy_(self.running_mean * k + mean * (1.0 - k))
+            self.running_var.copy_(self.running_var * k + var * (1.0 - k))
+        inv = torch.rsqrt(var + self.epsilon)
+        if self.weight is not None:
+            inv = inv * self.weight
+        offset = -mean * inv if self.bias is None else self.bias - mean * inv
+        return x * inv + offset
 
     set_trainable = KerasLayer.set_trainable
 

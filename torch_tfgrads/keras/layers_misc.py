@@ -153,7 +153,11 @@ class GlobalPooling(KerasLayer):
         self.dims = tuple(range(1, rank + 1))
         self.keepdims, self.kind = bool(cfg.get("keepdims", False)), kind
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
+        if mask is not None:  # GlobalAveragePooling1D: the mean over the unmasked steps
+            m = mask[:, :, None]
+            total = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+            return total.sum(1, keepdim=self.keepdims) / m.to(x.dtype).sum(1, keepdim=self.keepdims)
         if self.kind == "avg":
             return x.mean(self.dims, keepdim=self.keepdims)
         return x.amax(self.dims, keepdim=self.keepdims)
@@ -263,7 +267,9 @@ class Rescaling(KerasLayer):
         scale, offset = cfg.get("scale", 1.0), cfg.get("offset", 0.0)
         if not isinstance(scale, (int, float)) or not isinstance(offset, (int, float)):
             raise ctx.fail("only scalar scale and offset are supported")
-        self.scale, self.offset = float(scale), float(offset)
+        # Keras casts the Python floats with tf.cast, which makes a float32 tensor first: a
+        # float64 model scales by the float32-rounded 1/255, and so do we
+        self.scale, self.offset = float(np.float32(scale)), float(np.float32(offset))
 
     def forward(self, x):
         return x * self.scale + self.offset
@@ -315,9 +321,11 @@ class Normalization(KerasLayer):
         self.invert = bool(cfg.get("invert", False))
         if cfg.get("mean") is not None:
             ctx.take([])
-            dt = torch.get_default_dtype()
-            self.register_buffer("mean", torch.tensor(cfg["mean"], dtype=dt).reshape(-1))
-            self.register_buffer("variance", torch.tensor(cfg["variance"], dtype=dt).reshape(-1))
+            # float32 whatever the model's dtype: Keras converts the config's lists to
+            # tensors with TF's default float type and casts them only then
+            f32 = torch.float32
+            self.register_buffer("mean", torch.tensor(cfg["mean"], dtype=f32).reshape(-1))
+            self.register_buffer("variance", torch.tensor(cfg["variance"], dtype=f32).reshape(-1))
             self.keras_variables = ()
         else:
             mean, var, count = ctx.take(["mean", "variance", "count"])

@@ -63,6 +63,8 @@ def keras3_groups(model_config, names_prefix=(), group_prefix=""):
                     [f"{path}/forward_layer/cell", f"{path}/backward_layer/cell"],
                 )
             )
+        elif cls == "TimeDistributed":  # the wrapped layer's variables, under "layer"
+            out.append((names_prefix + (name,), path + "/layer"))
         else:
             out.append((names_prefix + (name,), path))
         if cls in MODEL_CLASSES:
