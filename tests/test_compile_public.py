@@ -60,6 +60,13 @@ def _fp():
             lambda: T.fractional_pooling_sequence(17, 9, True, 5, 6),
             (),
         ),
+        # The seed rule is plain Python: traced into the graph as the op's constant attributes.
+        "fractional_pool_seeds": (
+            lambda x: T.fractional_max_pool(
+                x, [1.0, 1.5, 1.5, 1.0], True, False, **T.fractional_pool_seeds(2**40 + 3, 2**33)
+            ),
+            (x,),
+        ),
     }
 
 

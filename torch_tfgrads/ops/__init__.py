@@ -31,6 +31,7 @@ from .fused_batch_norm import (
     fused_batch_norm_sync_stats,
     fused_batch_norm_v3,
 )
+from .tf_seeds import fractional_pool_seeds
 
 __all__ = [
     "fused_batch_norm_v3",
@@ -43,6 +44,7 @@ __all__ = [
     "fractional_max_pool",
     "fractional_max_pool_grad",
     "fractional_pooling_sequence",
+    "fractional_pool_seeds",
     "depthwise_conv2d_native",
     "depthwise_conv2d_native_backprop_input",
     "depthwise_conv2d_native_backprop_filter",
