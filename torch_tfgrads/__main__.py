@@ -1,6 +1,7 @@
 """Command line: `python -m torch_tfgrads demo | parity | check-build | convert | record | compare`.
 
-`convert` turns a Keras file into a saved nn.Module without TensorFlow (docs/keras.md);
+`convert` turns a Keras file into a saved nn.Module and/or PyTorch source for it, without
+TensorFlow (docs/keras.md);
 `record` runs a Keras model (TensorFlow needed) and writes a recording of every layer;
 `compare` diffs a torch port against it, layer by layer, without TensorFlow (docs/debugging.md).
 """
@@ -47,19 +48,30 @@ def _check_build(require_cuda):
     return 0 if ok else 1
 
 
-def _convert(path, output):
+def _convert(path, output, source, class_name):
+    import os
+
     import torch
 
-    from torch_tfgrads.keras import load_model
+    from torch_tfgrads.keras import load_model, write_source
 
     module = load_model(path)
-    torch.save(module, output)
     params = sum(p.numel() for p in module.parameters())
-    print(
-        f"convert: {path} -> {output}: {len(list(module.children()))} layers, {params} "
-        "parameters (load with torch.load(path, weights_only=False); torch_tfgrads must be "
-        "importable)"
-    )
+    what = f"{len(list(module.children()))} layers, {params} parameters"
+    if output:
+        torch.save(module, output)
+        print(
+            f"convert: {path} -> {output}: {what} (load with torch.load(path, "
+            "weights_only=False); torch_tfgrads must be importable)"
+        )
+    if source:
+        src, weights = write_source(
+            module, source, class_name=class_name, origin=os.path.basename(path)
+        )
+        print(
+            f"convert: {path} -> {src} (the model as PyTorch source) and {weights} (its "
+            f"state_dict): {what}; load() in {src.name} returns the model with its weights"
+        )
     return 0
 
 
@@ -74,9 +86,17 @@ def main(argv=None):
     d.add_argument("--parity-cases", type=int, default=8)
     c = sub.add_parser("check-build", help="show which kernels are compiled in")
     c.add_argument("--require-cuda", action="store_true")
-    k = sub.add_parser("convert", help="a Keras .keras/.h5 file -> a saved nn.Module (no TF)")
+    k = sub.add_parser(
+        "convert", help="a Keras .keras/.h5 file -> a saved nn.Module and/or its source (no TF)"
+    )
     k.add_argument("model", help="a Keras model file (.keras, .h5)")
-    k.add_argument("-o", "--output", required=True, help="the module, saved with torch.save")
+    k.add_argument("-o", "--output", help="the module, saved with torch.save")
+    k.add_argument(
+        "--source",
+        metavar="MODEL.py",
+        help="write the model as PyTorch source, and its state_dict as MODEL.weights.pt",
+    )
+    k.add_argument("--class-name", help="the class of the source (default: the model's name)")
     from torch_tfgrads.diff.cli import add_parsers
 
     add_parsers(sub)
@@ -86,7 +106,9 @@ def main(argv=None):
 
         return cli.run_record(args) if args.cmd == "record" else cli.run_compare(args)
     if args.cmd == "convert":
-        return _convert(args.model, args.output)
+        if not (args.output or args.source):
+            k.error("give -o MODEL.pt, --source MODEL.py, or both")
+        return _convert(args.model, args.output, args.source, args.class_name)
     if args.cmd == "demo":
         from torch_tfgrads.demo import run_demo
 

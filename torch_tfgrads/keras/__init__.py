@@ -10,8 +10,12 @@ their tolerances and what differs from Keras.
 """
 
 from .archive import KerasLoadError, read_file
+from .builder import layer
 from .graph import KerasModel, build_model, check_supported
 from .layers import CONVERTERS, MODEL_CLASSES, assign, keras_tensors
+from .losses import binary_crossentropy, categorical_crossentropy, sparse_categorical_crossentropy
+from .optim import KerasAdam, KerasAdamW, KerasRMSprop, KerasSGD
+from .source import model_source, write_source
 from .weights import read_arrays
 
 #: The Keras layer classes load_model converts (plus nested Functional/Sequential models).
@@ -103,9 +107,9 @@ def load_weights(model, path, root=None):
             arrays = read_arrays(kfile, model.keras_config)
         finally:
             kfile.close()
-    for lpath, layer in _named_layers(model):  # check every layer before copying anything
+    for lpath, module in _named_layers(model):  # check every layer before copying anything
         got = arrays.get(lpath, [])
-        pairs = keras_tensors(layer)
+        pairs = keras_tensors(module)
         if len(got) != len(pairs):
             raise KerasLoadError(
                 f"layer {'/'.join(lpath)!r}: expects {len(pairs)} weights "
@@ -118,9 +122,26 @@ def load_weights(model, path, root=None):
                     f"layer {'/'.join(lpath)!r}: weight {n!r} has shape "
                     f"{list(t.shape)} in the model, {list(a.shape)} in {path}"
                 )
-    for lpath, layer in _named_layers(model):
-        assign(layer, arrays.get(lpath, []), "/".join(lpath))
+    for lpath, module in _named_layers(model):
+        assign(module, arrays.get(lpath, []), "/".join(lpath))
     return model
 
 
-__all__ = ["load_model", "load_weights", "KerasModel", "KerasLoadError", "SUPPORTED_LAYERS"]
+__all__ = [
+    "load_model",
+    "load_weights",
+    "KerasModel",
+    "KerasLoadError",
+    "SUPPORTED_LAYERS",
+    "layer",
+    "model_source",
+    "write_source",
+    # training like Keras (docs/training.md)
+    "KerasAdam",
+    "KerasAdamW",
+    "KerasRMSprop",
+    "KerasSGD",
+    "binary_crossentropy",
+    "categorical_crossentropy",
+    "sparse_categorical_crossentropy",
+]

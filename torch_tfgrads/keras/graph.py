@@ -141,6 +141,13 @@ class KerasModel(torch.nn.Module):
         self.step_kwargs = {}
         self.input_refs, self.single_input = _io_refs(cfg["input_layers"])
         self.output_refs, self.single_output = _io_refs(cfg["output_layers"])
+        # Keras 3 numbers a nested Functional model's calls from 1 in output_layers (its node 0
+        # links its own inputs and outputs) but from 0 in the inbound nodes, as the steps do
+        # (Keras 2 counts from 1 in both; weights.legacy_arrays refuses its nested models)
+        nested = {n for n, lc in layers if lc["class_name"] in ("Functional", "Model")}
+        self.output_refs = [
+            Ref(r.layer, r.node - 1, r.index) if r.layer in nested else r for r in self.output_refs
+        ]
         pending = []
         for name, lc in layers:
             if lc["class_name"] == "InputLayer":
