@@ -302,8 +302,11 @@ struct MaxGradPass {
   }
 
   // ---- scalar channels (integers, the channels after the last whole vector, huge cells)
-  // Cells in TF's order; an element's first covering cell assigns, later ones add.
-  bool cell_scalars(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1) const {
+  // Cells in TF's order; an element's first covering cell assigns, later ones add. With `buf`
+  // (half types, overlapping cells: [H][W][d1 - d0] in A) the sums stay in A and the caller
+  // rounds each once, the float32 accumulation of the vector path and of the CUDA kernel.
+  bool cell_scalars(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1,
+                    A* buf = nullptr) const {
     const int64_t r0 = g.rows.start[i], r1 = g.rows.end[i];
     const int64_t c0 = g.cols.start[j], c1 = g.cols.end[j];
     const int64_t k_out = ((b * OH + i) * OW + j) * C;
@@ -316,8 +319,14 @@ struct MaxGradPass {
       for (int64_t h = r0; h <= r1; ++h) {
         for (int64_t w = c0; w <= c1; ++w) {
           const A v = (h == bh && w == bw) ? grad : A(0);
+          const bool first = g.rows.first[h] == i && g.cols.first[w] == j;
+          if (buf != nullptr) {
+            A* acc = buf + (h * W + w) * (d1 - d0) + (d - d0);
+            *acc = first ? A(0) + v : *acc + v;
+            continue;
+          }
           scalar_t* o = dx + ((b * H + h) * W + w) * C + d;
-          if (g.rows.first[h] == i && g.cols.first[w] == j) {
+          if (first) {
             *o = static_cast<scalar_t>(A(0) + v);  // 0 + dy as TF's scatter-add: -0 -> +0
           } else if constexpr (std::is_integral_v<A>) {
             *o = wrap_add(static_cast<A>(*o), v);
@@ -357,9 +366,24 @@ struct MaxGradPass {
   bool overlapping_block(int64_t b, int64_t d0, int64_t d1) const {
     const int64_t dv = vector_end(d0, d1);
     bool ok = true;
-    if (dv < d1)
+    constexpr bool kWiden = !std::is_integral_v<A> && !std::is_same_v<A, scalar_t>;
+    if (dv < d1) {
+      std::vector<A> buf(kWiden ? H * W * (d1 - dv) : 0);
       for (int64_t i = 0; i < OH; ++i)
-        for (int64_t j = 0; j < OW; ++j) ok &= cell_scalars(b, i, j, dv, d1);
+        for (int64_t j = 0; j < OW; ++j)
+          ok &= cell_scalars(b, i, j, dv, d1, kWiden ? buf.data() : nullptr);
+      if constexpr (kWiden) {
+        for (int64_t h = 0; h < H; ++h) {
+          if (g.rows.first[h] > g.rows.last[h]) continue;  // no cell: stays zero
+          for (int64_t w = 0; w < W; ++w) {
+            if (g.cols.first[w] > g.cols.last[w]) continue;
+            const A* acc = buf.data() + (h * W + w) * (d1 - dv);
+            scalar_t* o = dx + ((b * H + h) * W + w) * C;
+            for (int64_t d = dv; d < d1; ++d) o[d] = static_cast<scalar_t>(acc[d - dv]);
+          }
+        }
+      }
+    }
     if constexpr (!std::is_integral_v<scalar_t>)  // integers: scalars only
       if (dv > d0) ok &= shared_image(b, d0, dv);
     return ok;

@@ -1,5 +1,7 @@
 // CUDA kernels of the FractionalPool family: the same cells, arithmetic and accumulation order
-// as the CPU kernels (and TF's CPU kernels; TF has no GPU kernels for these ops).
+// as the CPU kernels (and TF's CPU kernels; TF has no GPU kernels for these ops). Each kernel is a
+// grid-stride loop around a host-device body in common/fractional_pool_cells.h, which the CPU
+// tests also run on the host against the CPU kernels.
 //
 // * The sequences and the per-axis cell plans are made on the host (common/fractional_pool.h)
 //   and copied to the device in one packed int64 buffer.
@@ -11,7 +13,6 @@
 // * Max gradient: an argmax kernel (first maximum in scan order) that also flags any mismatch
 //   with orig_output, then the gather. The flag is read back (one small sync) to raise TF's error.
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -21,11 +22,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <limits>
-#include <type_traits>
 
 #include "common/checks.h"
 #include "common/fractional_pool.h"
+#include "common/fractional_pool_cells.h"
 
 namespace torch_tfgrads {
 namespace {
@@ -41,11 +41,7 @@ int blocks_for(int64_t n) {
       std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 20)));
 }
 
-// The cell plans on the device.
-struct DevicePlan {
-  const int64_t *row_start, *row_end, *row_first, *row_last;
-  const int64_t *col_start, *col_end, *col_first, *col_last;
-};
+using DevicePlan = fracpool::PlanView;  // the cell plans, on the device
 
 DevicePlan device_plan(const at::Tensor& packed, const PackedPlan& o) {
   const int64_t* p = packed.const_data_ptr<int64_t>();
@@ -57,58 +53,16 @@ at::Tensor upload_plan(const GradPlan& g, const at::Device& device, PackedPlan* 
   return fracpool::pack_plans(g.rows, g.cols, offsets).to(device);
 }
 
-// Sum type: TF sums in T; half types in float.
-template <typename scalar_t>
-using sum_t =
-    std::conditional_t<std::is_integral<scalar_t>::value, scalar_t, at::opmath_type<scalar_t>>;
-
-template <typename T>
-__device__ __forceinline__ T add(T a, T b) {
-  if constexpr (std::is_integral<T>::value) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));  // wraps like TF's int sum
-  } else {
-    return a + b;
-  }
-}
-
-template <typename scalar_t>
-__device__ __forceinline__ scalar_t lowest() {
-  if constexpr (std::is_same<scalar_t, at::Half>::value) {
-    return at::Half(0xFBFF, at::Half::from_bits());  // -65504
-  } else if constexpr (std::is_same<scalar_t, at::BFloat16>::value) {
-    return at::BFloat16(0xFF7F, at::BFloat16::from_bits());
-  } else {
-    return std::numeric_limits<scalar_t>::lowest();
-  }
-}
+using fracpool::sum_t;
 
 // ---- forward ------------------------------------------------------------------------------
 template <typename scalar_t, bool kMax>
 __global__ void pool_kernel(const scalar_t* __restrict__ x, int64_t sN, int64_t sH, int64_t sW,
                             DevicePlan plan, int64_t OH, int64_t OW, int64_t C, int64_t total,
                             scalar_t* __restrict__ out) {
-  using A = sum_t<scalar_t>;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = k % C, j = (k / C) % OW, i = (k / (C * OW)) % OH, b = k / (C * OW * OH);
-    const int64_t r0 = plan.row_start[i], r1 = plan.row_end[i];
-    const int64_t c0 = plan.col_start[j], c1 = plan.col_end[j];
-    const scalar_t* base = x + b * sN + d;
-    A acc = kMax ? static_cast<A>(lowest<scalar_t>()) : A(0);
-    for (int64_t h = r0; h <= r1; ++h) {
-      for (int64_t w = c0; w <= c1; ++w) {
-        const A v = static_cast<A>(base[h * sH + w * sW]);
-        if constexpr (kMax) {
-          acc = acc < v ? v : acc;  // TF's CPU max: first of equals, NaN skipped
-        } else {
-          acc = add(acc, v);
-        }
-      }
-    }
-    if constexpr (!kMax) acc = acc / static_cast<A>((r1 - r0 + 1) * (c1 - c0 + 1));
-    out[k] = static_cast<scalar_t>(acc);
-  }
+       k += int64_t(gridDim.x) * blockDim.x)
+    out[k] = fracpool::pool_cell<scalar_t, kMax>(x, sN, sH, sW, plan, OH, OW, C, k);
 }
 
 template <bool kMax>
@@ -155,26 +109,8 @@ __global__ void avg_grad_kernel(const scalar_t* __restrict__ dy, int64_t sN, int
                                 DevicePlan plan, int64_t H, int64_t W, int64_t C, int64_t total,
                                 scalar_t* __restrict__ dx) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = k % C, w = (k / C) % W, h = (k / (C * W)) % H, b = k / (C * W * H);
-    double acc = 0.0;
-    for (int64_t r = plan.row_first[h]; r <= plan.row_last[h]; ++r) {
-      const int64_t rows = plan.row_end[r] - plan.row_start[r] + 1;
-      for (int64_t c = plan.col_first[w]; c <= plan.col_last[w]; ++c) {
-        const double n = static_cast<double>(rows * (plan.col_end[c] - plan.col_start[c] + 1));
-        acc += static_cast<double>(dy[b * sN + r * sH + c * sW + d]) / n;
-      }
-    }
-    if constexpr (std::is_integral<scalar_t>::value) {
-      const double lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
-      const double hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
-      dx[k] = acc <= lo   ? std::numeric_limits<scalar_t>::lowest()
-              : acc >= hi ? std::numeric_limits<scalar_t>::max()
-                          : static_cast<scalar_t>(acc);
-    } else {
-      dx[k] = static_cast<scalar_t>(acc);
-    }
-  }
+       k += int64_t(gridDim.x) * blockDim.x)
+    dx[k] = fracpool::avg_grad_element(dy, sN, sH, sW, plan, H, W, C, k);
 }
 
 at::Tensor fractional_avg_pool_grad_cuda(c10::SymIntArrayRef orig_input_tensor_shape,
@@ -214,22 +150,8 @@ __global__ void argmax_kernel(const scalar_t* __restrict__ x, int64_t sN, int64_
   using A = sum_t<scalar_t>;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
        k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = k % C, j = (k / C) % OW, i = (k / (C * OW)) % OH, b = k / (C * OW * OH);
-    const int64_t r0 = plan.row_start[i], r1 = plan.row_end[i];
-    const int64_t c0 = plan.col_start[j], c1 = plan.col_end[j];
-    const scalar_t* base = x + b * sN + d;
-    A best = static_cast<A>(base[r0 * sH + c0 * sW]);  // first element: TF's `arg == -1` case
-    int64_t arg = ((b * H + r0) * W + c0) * C + d;
-    for (int64_t h = r0; h <= r1; ++h) {
-      for (int64_t w = (h == r0 ? c0 + 1 : c0); w <= c1; ++w) {
-        const A v = static_cast<A>(base[h * sH + w * sW]);
-        if (best < v) {
-          best = v;
-          arg = ((b * H + h) * W + w) * C + d;
-        }
-      }
-    }
-    argmax[k] = arg;
+    A best;
+    argmax[k] = fracpool::argmax_cell(x, sN, sH, sW, plan, H, W, OH, OW, C, k, &best);
     if (y != nullptr && !(best == static_cast<A>(y[k]))) *mismatch = 1;
   }
 }
@@ -239,19 +161,9 @@ __global__ void max_grad_gather_kernel(const scalar_t* __restrict__ dy,
                                        const int64_t* __restrict__ argmax, DevicePlan plan,
                                        int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t C,
                                        int64_t total, scalar_t* __restrict__ dx) {
-  using A = sum_t<scalar_t>;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = k % C, w = (k / C) % W, h = (k / (C * W)) % H, b = k / (C * W * H);
-    A acc = A(0);
-    for (int64_t r = plan.row_first[h]; r <= plan.row_last[h]; ++r) {
-      for (int64_t c = plan.col_first[w]; c <= plan.col_last[w]; ++c) {
-        const int64_t o = ((b * OH + r) * OW + c) * C + d;
-        if (argmax[o] == k) acc = add(acc, static_cast<A>(dy[o]));
-      }
-    }
-    dx[k] = static_cast<scalar_t>(acc);
-  }
+       k += int64_t(gridDim.x) * blockDim.x)
+    dx[k] = fracpool::max_grad_element(dy, argmax, plan, H, W, OH, OW, C, k);
 }
 
 template <typename scalar_t>
