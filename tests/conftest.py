@@ -29,6 +29,30 @@ def tf():
         pytest.skip(str(e))
 
 
+@pytest.fixture(scope="session")
+def keras(tf):
+    """Keras 3 on TensorFlow."""
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras as k
+
+    assert k.backend.backend() == "tensorflow"
+    return k
+
+
+@pytest.fixture
+def floatx(keras):
+    """Sets Keras's float type for the models a test builds; restored after."""
+    old, old_policy = keras.config.floatx(), keras.config.dtype_policy()
+
+    def set_floatx(name):  # the global dtype policy is cached from floatx on first use
+        keras.config.set_floatx(name)
+        keras.config.set_dtype_policy(name)
+
+    yield set_floatx
+    keras.config.set_floatx(old)
+    keras.config.set_dtype_policy(old_policy)
+
+
 def pytest_runtest_setup(item):
     if REQUIRE_CUDA and item.get_closest_marker("needs_cuda") and not cuda_kernels_available():
         pytest.fail("TFGRADS_REQUIRE_CUDA=1 but no GPU is usable or the CUDA kernels are missing")

@@ -32,28 +32,6 @@ pytestmark = pytest.mark.needs_tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def keras(tf):
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    import keras as k
-
-    return k
-
-
-@pytest.fixture
-def floatx(keras):
-    """Set Keras's float type for the models a test builds; restored after."""
-    old, old_policy = keras.config.floatx(), keras.config.dtype_policy()
-
-    def set_floatx(name):
-        keras.config.set_floatx(name)
-        keras.config.set_dtype_policy(name)
-
-    yield set_floatx
-    keras.config.set_floatx(old)
-    keras.config.set_dtype_policy(old_policy)
-
-
 def _cnn(keras):
     L = keras.layers
     inp = L.Input((8, 8, 3), name="image")

@@ -3,7 +3,6 @@
 as in Keras), the cuDNN op and the step loop agreeing, masks, dropout, errors, compile."""
 
 import itertools
-import os
 
 import numpy as np
 import pytest
@@ -15,14 +14,6 @@ from helpers import rel_err
 from torch_tfgrads.nn import CudnnLSTM, KerasBidirectional, KerasGRU, KerasLSTM, KerasSimpleRNN
 
 MODULES = {"LSTM": KerasLSTM, "GRU": KerasGRU, "SimpleRNN": KerasSimpleRNN}
-
-
-@pytest.fixture(scope="module")
-def keras(tf):
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    import keras as k
-
-    return k
 
 
 @pytest.fixture

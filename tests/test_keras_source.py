@@ -21,14 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_tf = pytest.mark.needs_tf
 
 
-@pytest.fixture(scope="module")
-def keras(tf):
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    import keras as k
-
-    return k
-
-
 def _ruff(path):
     """ruff check and ruff format --check with this repository's settings."""
     if importlib.util.find_spec("ruff") is None:

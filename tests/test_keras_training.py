@@ -8,7 +8,6 @@ settings measurably apart, which is why the helpers exist. Losses: values and gr
 """
 
 import copy as copy_module
-import os
 
 import numpy as np
 import pytest
@@ -23,14 +22,6 @@ from torch_tfgrads.keras.optim import KerasAdam, KerasAdamW, KerasRMSprop, Keras
 pytestmark = pytest.mark.needs_tf
 
 DTYPES = [("float64", torch.float64, 1e-12), ("float32", torch.float32, 1e-6)]
-
-
-@pytest.fixture(scope="module")
-def keras(tf):
-    os.environ["KERAS_BACKEND"] = "tensorflow"
-    import keras as k
-
-    return k
 
 
 @pytest.fixture(scope="module")

@@ -311,7 +311,7 @@ def run_isolated(
     with torch.no_grad():  # the reference's state before the call (moving statistics)
         for t, a in zip(state, ref_state or []):
             if t is not None and a is not None and tuple(t.shape) == a.shape:
-                t.copy_(torch.from_numpy(np.ascontiguousarray(a)).to(t))
+                t.copy_(torch.from_numpy(np.array(a)).to(t))  # (ascontiguousarray makes 0-d 1-d)
     try:
         with torch.enable_grad():
             out = module(*args, **kwargs)

@@ -217,6 +217,17 @@ class KerasModel(torch.nn.Module):
         return outs[0] if self.single_output else outs
 
 
+def custom_converter(layer_config, custom):
+    """The user's converter for a layer: by the class name the file records (a legacy `.h5`
+    records a registered class as "package>Class", a `.keras` file as "Class"), by its
+    ``registered_name``, or by the name after the ">"."""
+    cls = layer_config["class_name"]
+    for key in (cls, layer_config.get("registered_name"), cls.split(">")[-1]):
+        if isinstance(key, str) and key in custom:
+            return custom[key]
+    return None
+
+
 def check_supported(model_config, custom, path=()):
     """Every layer class the file uses must have a converter: say which do not, before building."""
     bad = []
@@ -224,7 +235,7 @@ def check_supported(model_config, custom, path=()):
         cls = lc["class_name"]
         if cls in MODEL_CLASSES:
             bad += check_supported(lc, custom, path + (name,))
-        elif cls not in CONVERTERS and cls not in custom:
+        elif cls not in CONVERTERS and custom_converter(lc, custom) is None:
             bad.append((path + (name,), cls))
     return bad
 
@@ -241,8 +252,9 @@ def build_model(model_config, arrays, keras_version, custom, path=()):
             modules[name] = build_model(lc, arrays, keras_version, custom, lpath)
             continue
         ctx = Context(name, cls, arrays.get(lpath, []), keras_version)
-        if cls in custom:
-            module = custom[cls](cfg, list(ctx.arrays))
+        user = custom_converter(lc, custom)
+        if user is not None:
+            module = user(cfg, list(ctx.arrays))
             if not isinstance(module, torch.nn.Module):
                 raise KerasLoadError(
                     f"layer {name!r}: the converter given for {cls} returned "

@@ -1,5 +1,6 @@
 """Converters of the convolution, dense and normalisation layers."""
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -41,15 +42,17 @@ class Conv(KerasLayer):
 
     def forward(self, x):
         r = self.rank
-        xc = x.movedim(-1, 1)
         if self.padding == "same":
-            pads = _same_pads(xc.shape[2:], self.kernel_size, self.strides, self.dilation)
+            pads = _same_pads(x.shape[1:-1], self.kernel_size, self.strides, self.dilation)
         elif self.padding == "causal":
             pads = [((self.kernel_size[0] - 1) * self.dilation[0], 0)]
         else:
             pads = None
         if pads and any(p for pair in pads for p in pair):
-            xc = F.pad(xc, _torch_pad(pads))
+            # padded channels last, so that the convolution still reads channels-last memory
+            # (padding the channels-first view would make it a contiguous NCHW copy)
+            x = F.pad(x, [0, 0] + _torch_pad(pads))
+        xc = x.movedim(-1, 1)
         w = self.kernel.permute(r + 1, r, *range(r))
         conv = (F.conv1d, F.conv2d, F.conv3d)[r - 1]
         y = conv(xc, w, None, self.strides, 0, self.dilation, self.groups).movedim(1, -1)
@@ -159,10 +162,12 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
 
     The variables carry Keras's names (gamma, beta, moving_mean, moving_variance). The moving
     variance follows the Keras that wrote the file: Keras 3 uses the biased batch variance;
-    tf-keras (Keras 2) the Bessel-corrected one on its fused path (4-D input, ``fused`` not
-    False) and the biased one otherwise. Input of any rank >= 2 is normalised over every axis
-    but the last, as Keras does. A layer saved with ``trainable=False`` always normalises with
-    the moving statistics (Keras 3 does the same in training mode) and its weights are frozen.
+    tf-keras (Keras 2) the Bessel-corrected one on its fused path (4-D or 5-D input, compute
+    dtype float32/float16/bfloat16, ``fused`` not False) and otherwise its unfused path,
+    computed here as tf-keras does (``_keras2_unfused``). Input of any rank >= 2 is normalised
+    over every axis but the last, as Keras does. A layer saved with ``trainable=False`` always
+    normalises with the moving statistics (Keras 3 does the same in training mode) and its
+    weights are frozen.
     ``synchronized=True`` (or ``nn.convert_sync_batchnorm``) gives global-batch statistics under
     torch.distributed, as nn.SyncFusedBatchNorm.
     """
@@ -184,7 +189,12 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         )
         arrays = ctx.take(names)
         c = arrays[-1].shape[0]
-        self.keras2_fused = ctx.keras_major < 3 and cfg.get("fused", None) is not False
+        # tf-keras fuses only where TF's FusedBatchNorm kernel exists: not for float64
+        self.keras2_fused = (
+            ctx.keras_major < 3
+            and cfg.get("fused", None) is not False
+            and _compute_dtype(cfg, arrays[-1].dtype) in ("float32", "float16", "bfloat16")
+        )
         super().__init__(
             c,
             float(cfg.get("momentum", 0.99)),
@@ -228,7 +238,10 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         if mask is not None and self.training and self.layer_trainable:
             return self._masked_training(x, mask)
         if self.keras_major < 3:
-            self.moving_variance_rule = "bessel" if self.keras2_fused and x.dim() == 4 else "biased"
+            fused = self.keras2_fused and x.dim() in (4, 5)
+            self.moving_variance_rule = "bessel" if fused else "biased"
+            if not fused:
+                return self._keras2_unfused(x)
         shape = x.shape
         x4 = x if x.dim() == 4 else x.reshape(shape[0], -1, 1, shape[-1])
         training = self.training
@@ -265,7 +278,39 @@ class BatchNormalization(_Renamed, FusedBatchNorm):
         offset = -mean * inv if self.bias is None else self.bias - mean * inv
         return x * inv + offset
 
+    def _keras2_unfused(self, x):
+        """tf-keras's unfused path: tf.nn.moments (the variance around the stopped mean),
+        tf.nn.batch_normalization's ``x * inv + (beta - mean * inv)``, and moving averages
+        ``v -= (v - value) * decay`` with ``decay = 1 - momentum`` made a float32 tensor first
+        (tf.convert_to_tensor of a Python float), then cast."""
+        dims = tuple(range(x.dim() - 1))
+        if self.training and self.layer_trainable:
+            mean = x.mean(dims, keepdim=True)
+            var = (x - mean.detach()).square().mean(dims)
+            mean = mean.reshape(-1)
+            with torch.no_grad():
+                decay = float(np.float32(1.0 - self.momentum))
+                self.running_mean.sub_((self.running_mean - mean) * decay)
+                self.running_var.sub_((self.running_var - var) * decay)
+        else:
+            mean, var = self.running_mean, self.running_var
+        inv = torch.rsqrt(var + self.epsilon)
+        if self.weight is not None:
+            inv = inv * self.weight
+        offset = -mean * inv if self.bias is None else self.bias - mean * inv
+        return x * inv + offset
+
     set_trainable = KerasLayer.set_trainable
+
+
+def _compute_dtype(cfg, default):
+    """The layer's compute dtype from its config: a dtype name, or a (mixed) policy."""
+    dtype = cfg.get("dtype")
+    if isinstance(dtype, dict):
+        dtype = dtype.get("config", {}).get("name")
+    if not isinstance(dtype, str):
+        return str(default)
+    return {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(dtype, dtype)
 
 
 class LayerNormalization(KerasLayer):
