@@ -10,8 +10,17 @@ interleaved rounds, so the recurrent path's efficiency compares across hosts. Th
 the host and the ISA paths; the "path" column says whether the row ran on oneDNN's BRGEMM
 micro-kernels or on the per-step cells with ATen's GEMMs (TFGRADS_DISABLE_BRGEMM=1 forces the
 latter).
+
+    python benchmarks/bench_cudnn_rnn.py                 # CPU, against torch.nn and Keras
+    python benchmarks/bench_cudnn_rnn.py --device cuda   # GPU, against torch.nn on cuDNN
+
+On cuda (no TF there) the peer is torch.nn.LSTM / GRU on cuDNN, timed for the forward alone and
+for forward + backward, at the CPU shapes and larger GPU-sized ones, with TF32 off for matmuls and
+cuDNN (so the torch.mm yardstick is a float32 GEMM too). --quick / --shapes restrict the shapes
+(see common.add_device_args).
 """
 
+import argparse
 import os
 import sys
 
@@ -21,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 SHAPES = [(50, 32, 128, 256), (100, 16, 64, 128), (20, 64, 256, 512)]
+GPU_SHAPES = [(100, 64, 512, 1024), (50, 256, 256, 512)]  # added on cuda
 # The tfgrads ops these rows time (tests/test_registry.py checks every op has a benchmark row).
 TIMED_OPS = (
     "cudnn_rnn_v3",
@@ -32,7 +42,10 @@ MODES = ("lstm", "gru")
 DIRECTIONS = ("unidirectional", "bidirectional")
 
 
-def peer_fns(mode, shape, direction, T=None, tf=None):
+def peer_fns(mode, shape, direction, T=None, tf=None, device="cpu", forward=None):
+    """{name: callable}: ours, torch.nn and the torch.mm yardstick on `device` when T is given
+    (with `forward`, by default on cuda, the forwards alone too: "ours fwd", "torch fwd"),
+    Keras on TF when tf is (the CPU only)."""
     Tn, B, I, U = shape
     D = 2 if direction == "bidirectional" else 1
     g = torch.Generator().manual_seed(0)
@@ -40,29 +53,37 @@ def peer_fns(mode, shape, direction, T=None, tf=None):
     dy = torch.randn(Tn, B, D * U, generator=g)
     fns = {}
     if T is not None:
+        if forward is None:
+            forward = torch.device(device).type == "cuda"
+        xd = x.detach().to(device).requires_grad_()  # x itself on the CPU
+        dyd = dy.to(device)
         n = T.cudnn_rnn_params_size(1, U, I, mode, direction=direction)
-        p = (torch.randn(n, generator=g) * 0.05).requires_grad_()
-        h = torch.zeros(D, B, U)
-        lens = torch.full((B,), Tn, dtype=torch.int32)
+        p = (torch.randn(n, generator=g) * 0.05).to(device).requires_grad_()
+        h = torch.zeros(D, B, U, device=device)
+        lens = torch.full((B,), Tn, dtype=torch.int32)  # on the host, where the kernels read it
 
         def ours():
-            out = T.cudnn_rnn_v3(x, h, h, p, lens, mode, direction=direction)[0]
-            torch.autograd.grad(out, (x, p), dy)
+            out = T.cudnn_rnn_v3(xd, h, h, p, lens, mode, direction=direction)[0]
+            torch.autograd.grad(out, (xd, p), dyd)
 
         fns["ours"] = ours
         cls = torch.nn.LSTM if mode == "lstm" else torch.nn.GRU
-        m = cls(I, U, bidirectional=D == 2)
+        m = cls(I, U, bidirectional=D == 2).to(device)
         params = list(m.parameters())
 
         def torch_rnn():
-            out, _ = m(x)
-            torch.autograd.grad(out, [x] + params, dy)
+            out, _ = m(xd)
+            torch.autograd.grad(out, [xd] + params, dyd)
 
         fns["torch"] = torch_rnn
+        if forward:  # the training forwards alone (inputs needing grad, as in the step)
+            fns["ours fwd"] = lambda: T.cudnn_rnn_v3(xd, h, h, p, lens, mode, direction=direction)
+            fns["torch fwd"] = lambda: m(xd)
         G = 4 if mode == "lstm" else 3
         a, w = torch.randn(B, I + U, generator=g), torch.randn(I + U, G * U, generator=g)
+        a, w = a.to(device), w.to(device)
         fns["mm"] = lambda: torch.mm(a, w)
-    if tf is not None:
+    if tf is not None:  # the CPU only
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
         import keras
 
@@ -101,12 +122,12 @@ def mm_flops(mode, shape):
     return 2 * B * (I + U) * G * U
 
 
-def conversion_fns(T, mode, shape, direction):
+def conversion_fns(T, mode, shape, direction, device="cpu"):
     """The params conversions against the torch equivalent: one cat of the flattened canonical
     tensors (what packing torch.nn.LSTM's weights into one buffer costs) and its split."""
     _, _, I, U = shape
     n = T.cudnn_rnn_params_size(2, U, I, mode, direction=direction)
-    p = torch.randn(n)
+    p = torch.randn(n).to(device)
     G = 4 if mode == "lstm" else 3
     LD = 2 * (2 if direction == "bidirectional" else 1)
     w, b = T.cudnn_rnn_params_to_canonical_v2(
@@ -127,54 +148,66 @@ def conversion_fns(T, mode, shape, direction):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_device_args(ap)
+    args = ap.parse_args()
     import torch_tfgrads as T
 
+    device = args.device
+    cuda = device == "cuda"
+    common.setup_device(device, "bench_cudnn_rnn")
+    shapes = common.select_shapes(args, SHAPES, GPU_SHAPES)
+    timing = {"rounds": 5, **common.timing_args(args)}
     common.setup_process()
-    tf = common.import_tf()
-    common.print_host(T)
-    path = "BRGEMM" if T.cpu.cpu_paths()["rnn_brgemm"] else "cells"
+    tf = None if cuda else common.import_tf()  # TF only on the CPU
+    common.print_device(T, device)
+    if cuda:
+        path, where, peers = "CUDA", "cuda", "torch.nn on cuDNN"
+    else:
+        path = "BRGEMM" if T.cpu.cpu_paths()["rnn_brgemm"] else "cells"
+        where, peers = f"{common.THREADS} threads", "Keras in a tf.function"
     print(
-        f"CudnnRNN forward+backward, float32, 1 layer, {common.THREADS} threads, torch "
-        f"{torch.__version__}, TF {tf.__version__ if tf else 'absent'} (Keras in a "
-        "tf.function); ms (median of interleaved rounds)",
+        f"CudnnRNN forward+backward, float32, 1 layer, {where}, torch {torch.__version__}, TF "
+        f"{tf.__version__ if tf else 'absent'} ({peers}); ms (median of interleaved rounds)",
         flush=True,
     )
     rows = []
     nan = float("nan")
     for mode in MODES:
-        for shape in SHAPES:
+        for shape in shapes:
             for direction in DIRECTIONS:
-                t = common.interleaved_ms(peer_fns(mode, shape, direction, T=T, tf=tf), rounds=5)
+                fns = peer_fns(mode, shape, direction, T=T, tf=tf, device=device)
+                t = common.interleaved_ms(fns, device=device, **timing)
                 ours, pt, ke = t["ours"], t["torch"], t.get("keras", nan)
                 best = min(v for v in (pt, ke) if v == v)
                 D = 2 if direction == "bidirectional" else 1
                 gflops = gemm_flops(mode, shape, D) / (ours * 1e-3) / 1e9
                 mm_gflops = mm_flops(mode, shape) / (t["mm"] * 1e-3) / 1e9
-                rows.append(
-                    [
-                        mode,
-                        ",".join(map(str, shape)),
-                        direction[:3] if D == 1 else "bi",
-                        common.fmt_ms(ours),
-                        common.fmt_ms(pt),
-                        common.fmt_ms(ke),
-                        f"{ours / best:.2f}",
-                        path,
-                        f"{gflops:.0f}",
-                        f"{mm_gflops:.0f}",
-                        f"{100 * gflops / mm_gflops:.0f}%",
-                    ]
-                )
+                row = [mode, ",".join(map(str, shape)), direction[:3] if D == 1 else "bi"]
+                if cuda:
+                    f_ours, f_pt = t["ours fwd"], t["torch fwd"]
+                    row += [common.fmt_ms(f_ours), common.fmt_ms(f_pt), f"{f_ours / f_pt:.2f}"]
+                row += [common.fmt_ms(ours), common.fmt_ms(pt)]
+                row += [] if cuda else [common.fmt_ms(ke)]
+                row += [
+                    f"{ours / best:.2f}",
+                    path,
+                    f"{gflops:.0f}",
+                    f"{mm_gflops:.0f}",
+                    f"{100 * gflops / mm_gflops:.0f}%",
+                ]
+                rows.append(row)
                 print("  " + " ".join(str(c) for c in rows[-1]), flush=True)
+    if cuda:
+        peer_headers = ["ours fwd", "torch fwd", "fwd ours/torch", "ours", "torch", "ours/torch"]
+    else:
+        peer_headers = ["ours", "torch", "Keras", "ours/best"]
     common.print_table(
         [
             "mode",
             "T,B,I,U",
             "dir",
-            "ours",
-            "torch",
-            "Keras",
-            "ours/best",
+            *peer_headers,
             "path",
             "ours GFLOP/s",
             "torch.mm GFLOP/s",
@@ -182,12 +215,20 @@ def main():
         ],
         rows,
     )
-    print("Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF).")
+    if cuda:
+        print(
+            "ours / torch = forward + backward (gradients for the input and the params); fwd = "
+            "the training forward alone. torch = torch.nn.LSTM/GRU on cuDNN, TF32 off. Each call "
+            "is timed alone with CUDA events."
+        )
+    else:
+        print("Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF).")
     rows = []
     for mode in MODES:
         for direction in DIRECTIONS:
-            shape = SHAPES[0]
-            t = common.interleaved_ms(conversion_fns(T, mode, shape, direction), rounds=5)
+            shape = shapes[0]
+            fns = conversion_fns(T, mode, shape, direction, device=device)
+            t = common.interleaved_ms(fns, device=device, **timing)
             rows.append(
                 [
                     mode,
@@ -201,7 +242,7 @@ def main():
                     f"{t['params_to_canonical'] / t['torch split+clone']:.2f}",
                 ]
             )
-    print("\nParams conversions, 2 layers (I,U as above), ms:")
+    print(f"\nParams conversions, 2 layers (I,U as above), {where}, ms:")
     common.print_table(
         [
             "mode",

@@ -1,5 +1,5 @@
-"""Shared benchmark helpers: thread setup, timing, copy bandwidth, TensorFlow in-process and on
-its Eigen path in a child process, and table printing.
+"""Shared benchmark helpers: thread setup, the device (`--device cpu|cuda`), timing, copy
+bandwidth, TensorFlow in-process and on its Eigen path in a child process, and table printing.
 
 Benchmarks are never timed tests: they print numbers, they do not assert them.
 """
@@ -27,6 +27,80 @@ def print_host(T):
     """The benchmark's first line: the host CPU, the ISA ATen runs at and which of our CPU kernel
     paths run (torch_tfgrads.cpu), so that every table says where it came from."""
     print(f"host: {T.cpu.describe()}", flush=True)
+
+
+def add_device_args(ap):
+    """The options every family benchmark takes: --device, --quick and --shapes."""
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="one shape (the first CPU shape, on cuda the first GPU-sized one; --shapes "
+        "overrides) and 3 short rounds: a check that the script runs, not a measurement",
+    )
+    ap.add_argument(
+        "--shapes",
+        help="comma-separated indices into the shape list (on cuda: the CPU shapes, then the "
+        "GPU-sized ones)",
+    )
+
+
+def select_shapes(args, cpu_shapes, gpu_shapes=()):
+    """The shapes to run: the CPU list on cpu, the CPU list and then the GPU-sized list on cuda;
+    --shapes picks by index, --quick alone takes the first shape of the device's own list."""
+    shapes = list(cpu_shapes) + (list(gpu_shapes) if args.device == "cuda" else [])
+    if args.shapes:
+        try:
+            return [shapes[int(i)] for i in args.shapes.split(",")]
+        except (ValueError, IndexError):
+            sys.exit(f"--shapes: indices 0..{len(shapes) - 1} into {shapes}, got {args.shapes!r}")
+    if args.quick:
+        return [gpu_shapes[0] if args.device == "cuda" and gpu_shapes else shapes[0]]
+    return shapes
+
+
+def timing_args(args):
+    """interleaved_ms's keywords for this run: its defaults, or 3 short rounds with --quick."""
+    return {"rounds": 3, "per_round": 0.02} if args.quick else {}
+
+
+def setup_device(device, script):
+    """Checks that the device can run the benchmark and pins its math. On cuda: a GPU torch can
+    see and our CUDA kernels compiled in, else the script exits with a message (no traceback);
+    TF32 is turned off for matmuls and cuDNN, so every contender computes in float32."""
+    if device != "cuda":
+        return
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"{script}: --device cuda needs a GPU that torch can see; torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}) reports none. Run without --device for the CPU tables."
+        )
+    from torch_tfgrads import _loader
+
+    if not _loader.WITH_CUDA:
+        sys.exit(
+            f"{script}: --device cuda needs torch_tfgrads built with its CUDA kernels "
+            "(FORCE_CUDA=1, as `make gpu-test` builds it); this build has CPU kernels only."
+        )
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def print_device(T, device):
+    """The benchmark's first line: print_host on cpu; on cuda the GPU (name, compute capability,
+    SMs, memory), the CUDA and cuDNN versions and the TF32 settings the run pinned."""
+    if device != "cuda":
+        print_host(T)
+        return
+    p = torch.cuda.get_device_properties(device)
+    print(
+        f"device: {torch.cuda.get_device_name(device)}, compute capability {p.major}.{p.minor}, "
+        f"{p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB; torch "
+        f"{torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}; "
+        f"torch.backends.cuda.matmul.allow_tf32 = {torch.backends.cuda.matmul.allow_tf32}, "
+        f"torch.backends.cudnn.allow_tf32 = {torch.backends.cudnn.allow_tf32}",
+        flush=True,
+    )
 
 
 def keep_freed_memory():
@@ -79,24 +153,56 @@ def median_ms(fn, min_time=0.25, min_runs=5, warmup=2):
     return statistics.median(times) * 1e3
 
 
-def interleaved_ms(fns, rounds=7, per_round=0.08, pause=0.2):
+def interleaved_ms(fns, rounds=7, per_round=0.08, pause=None, device="cpu"):
     """{name: ms} for several callables timed in alternating rounds (each round: a short idle
     pause, one warm-up call, then calls for `per_round` seconds; its median), reported as the
     median over rounds. Interleaving spreads the machine's slow phases over every peer, so the
-    ratios taken in one run are comparable on a noisy machine."""
+    ratios taken in one run are comparable on a noisy machine.
+
+    On cuda each timed call runs alone on the device: the warm-up is synchronized outside the
+    timed region, and each call is timed with CUDA events recorded around it, after a
+    torch.cuda.synchronize() and waited for with another, so a call's time is the device time
+    from its first launch to the end of its last kernel (gaps while the host launches included).
+    The idle pause (default 0.2 s on cpu, for TF's spinning worker threads) defaults to 0 there.
+    """
+    cuda = torch.device(device).type == "cuda"
+    if pause is None:
+        pause = 0.0 if cuda else 0.2
+    timed = _cuda_timer() if cuda else _cpu_call_s
     per = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(pause)
             fn()
+            if cuda:
+                torch.cuda.synchronize()
             times = []
             start = time.perf_counter()
             while len(times) < 3 or time.perf_counter() - start < per_round:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+                times.append(timed(fn))
             per[name].append(statistics.median(times))
     return {name: statistics.median(v) * 1e3 for name, v in per.items()}
+
+
+def _cpu_call_s(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cuda_timer():
+    """A timer of one call on the current CUDA device, in seconds between two events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    return timed
 
 
 def copy_bandwidth_gbs(numel, dtype=torch.float32):
@@ -105,10 +211,10 @@ def copy_bandwidth_gbs(numel, dtype=torch.float32):
     return copy_gbs(numel, median_ms(fn), dtype)
 
 
-def copy_fn(numel, dtype=torch.float32):
-    """A callable copying `numel` elements between two tensors of their own (to time beside an
-    op in interleaved rounds; see copy_gbs)."""
-    src = torch.randn(numel).to(dtype)
+def copy_fn(numel, dtype=torch.float32, device="cpu"):
+    """A callable copying `numel` elements between two tensors of their own on `device` (to time
+    beside an op in interleaved rounds; see copy_gbs)."""
+    src = torch.randn(numel, device=device).to(dtype)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
 
@@ -124,10 +230,18 @@ def last_level_cache_bytes(default=32 << 20):
     return max(sizes, default=default)
 
 
-def dram_copy_numel(dtype=torch.float32):
+def device_cache_bytes(device="cpu"):
+    """The last-level cache of `device`: the GPU's L2 on cuda, else the CPU's (sysfs)."""
+    if torch.device(device).type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return getattr(props, "L2_cache_size", 0) or 64 << 20
+    return last_level_cache_bytes()
+
+
+def dram_copy_numel(dtype=torch.float32, device="cpu"):
     """Elements per array of a copy that measures memory bandwidth, not a cache's: STREAM's rule,
-    each array at least 4 times the last-level cache."""
-    return 4 * last_level_cache_bytes() // dtype.itemsize
+    each array at least 4 times the last-level cache (the GPU's L2 on cuda: its HBM/DRAM)."""
+    return 4 * device_cache_bytes(device) // dtype.itemsize
 
 
 def copy_gbs(numel, ms, dtype=torch.float32):

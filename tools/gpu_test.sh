@@ -7,6 +7,10 @@
 #      missing CUDA kernels fail instead of skipping
 #   4. compute-sanitizer memcheck and racecheck over tools/cuda_smoke.py (every CUDA kernel
 #      once, with multi-block shapes)
+#   5. the four op-family benchmarks with --device cuda --quick (one GPU-sized shape each,
+#      sized for about a minute and a half in all; each stopped after BENCH_TIMEOUT seconds,
+#      default 60): their tables are the logs bench-<family>.log; a crash or a timeout fails
+#      the step, the numbers themselves are not checked
 # It writes summary.txt and one log per step into GPU_REPORT_DIR (default build/gpu-report) and
 # exits non-zero if any step failed.
 set -uo pipefail
@@ -52,6 +56,9 @@ else
   echo "== compute-sanitizer: not found, memcheck/racecheck NOT run" | tee -a "$SUMMARY"
   failed=1
 fi
+for b in fused_batch_norm fractional_pool depthwise_conv2d cudnn_rnn; do
+  step "bench-$b" timeout "${BENCH_TIMEOUT:-60}" "$PY" "benchmarks/bench_$b.py" --device cuda --quick
+done
 grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' | tee -a "$SUMMARY"
 echo "gpu-test: $([ $failed = 0 ] && echo OK || echo FAILED); report in $REPORT" | tee -a "$SUMMARY"
 exit $failed
