@@ -9,7 +9,8 @@
 // * Filter gradient: partial sums over fixed chunks of output pixels (the chunking depends only
 //   on the sizes), reduced in a fixed order inside each block, then the chunks summed in order
 //   by a second kernel: deterministic, with enough blocks to fill the GPU.
-// Half types accumulate in float (at::opmath_type).
+// Half types accumulate in float (at::opmath_type). The per-element arithmetic and the filter
+// gradient's partition live in common/depthwise_conv2d_cells.h, which the CPU tests replay.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -23,6 +24,7 @@
 
 #include "common/channel_layout.h"
 #include "common/depthwise_conv2d.h"
+#include "common/depthwise_conv2d_cells.h"
 #include "common/launch_geometry.h"
 
 namespace torch_tfgrads {
@@ -40,67 +42,19 @@ int blocks_for(int64_t n) {
       std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 20)));
 }
 
-// The geometry as kernel arguments (a trivially copyable struct).
-struct Dims {
-  int64_t N, H, W, C, M, fh, fw, Ho, Wo, sH, sW, dH, dW, pt, pl;
-};
+using depthwise::Dims;
 
 Dims dims_of(const Geometry& g) {
   return Dims{g.N, g.H, g.W, g.C, g.M, g.fh, g.fw, g.Ho, g.Wo, g.sH, g.sW, g.dH, g.dW, g.pt, g.pl};
-}
-
-// Offset of (n, c, h, w) in a dense tensor of `Cn` channels and rows x cols pixels.
-template <bool kChannelsLast>
-__device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t Cn,
-                                          int64_t rows, int64_t cols) {
-  return kChannelsLast ? ((n * rows + h) * cols + w) * Cn + c
-                       : ((n * Cn + c) * rows + h) * cols + w;
-}
-
-// Decodes a linear index in the layout's order into (n, c, h, w).
-template <bool kChannelsLast>
-__device__ __forceinline__ void decode(int64_t e, int64_t Cn, int64_t rows, int64_t cols,
-                                       int64_t* n, int64_t* c, int64_t* h, int64_t* w) {
-  if (kChannelsLast) {
-    *c = e % Cn;
-    e /= Cn;
-    *w = e % cols;
-    e /= cols;
-    *h = e % rows;
-    *n = e / rows;
-  } else {
-    *w = e % cols;
-    e /= cols;
-    *h = e % rows;
-    e /= rows;
-    *c = e % Cn;
-    *n = e / Cn;
-  }
 }
 
 template <typename scalar_t, bool kChannelsLast>
 __global__ void forward_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ f,
                                scalar_t* __restrict__ out, Dims d, int64_t total) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t CM = d.C * d.M;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t n, oc, i, j;
-    decode<kChannelsLast>(e, CM, d.Ho, d.Wo, &n, &oc, &i, &j);
-    const int64_t c = oc / d.M;
-    acc_t acc = 0;
-    for (int64_t di = 0; di < d.fh; ++di) {
-      const int64_t h = i * d.sH + di * d.dH - d.pt;
-      if (h < 0 || h >= d.H) continue;
-      for (int64_t dj = 0; dj < d.fw; ++dj) {
-        const int64_t w = j * d.sW + dj * d.dW - d.pl;
-        if (w < 0 || w >= d.W) continue;
-        acc += static_cast<acc_t>(x[offset<kChannelsLast>(n, c, h, w, d.C, d.H, d.W)]) *
-               static_cast<acc_t>(f[(di * d.fw + dj) * CM + oc]);
-      }
-    }
-    out[e] = static_cast<scalar_t>(acc);
-  }
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[e] = depthwise::forward_element<scalar_t, acc_t, kChannelsLast>(x, f, d, e);
 }
 
 template <typename scalar_t, bool kChannelsLast>
@@ -108,29 +62,9 @@ __global__ void backprop_input_kernel(const scalar_t* __restrict__ f,
                                       const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
                                       Dims d, int64_t total) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t CM = d.C * d.M;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t n, c, h, w;
-    decode<kChannelsLast>(e, d.C, d.H, d.W, &n, &c, &h, &w);
-    acc_t acc = 0;
-    for (int64_t di = 0; di < d.fh; ++di) {
-      const int64_t num_h = h + d.pt - di * d.dH;
-      if (num_h < 0 || num_h % d.sH != 0 || num_h / d.sH >= d.Ho) continue;
-      const int64_t i = num_h / d.sH;
-      for (int64_t dj = 0; dj < d.fw; ++dj) {
-        const int64_t num_w = w + d.pl - dj * d.dW;
-        if (num_w < 0 || num_w % d.sW != 0 || num_w / d.sW >= d.Wo) continue;
-        const int64_t j = num_w / d.sW;
-        for (int64_t m = 0; m < d.M; ++m) {
-          const int64_t oc = c * d.M + m;
-          acc += static_cast<acc_t>(dy[offset<kChannelsLast>(n, oc, i, j, CM, d.Ho, d.Wo)]) *
-                 static_cast<acc_t>(f[(di * d.fw + dj) * CM + oc]);
-        }
-      }
-    }
-    dx[e] = static_cast<scalar_t>(acc);
-  }
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dx[e] = depthwise::backprop_input_element<scalar_t, acc_t, kChannelsLast>(f, dy, d, e);
 }
 
 // Filter gradient, pass 1. Block (32, 8): threadIdx.x picks the output channel (coalesced in
@@ -142,31 +76,20 @@ __global__ void filter_grad_partial_kernel(const scalar_t* __restrict__ x,
                                            at::opmath_type<scalar_t>* __restrict__ part, Dims d,
                                            int64_t pixels_per_chunk) {
   using acc_t = at::opmath_type<scalar_t>;
-  __shared__ acc_t red[8][32];
+  __shared__ acc_t red[depthwise::kFilterGradRows][depthwise::kFilterGradLanes];
   const int64_t CM = d.C * d.M, P = d.N * d.Ho * d.Wo;
-  const int64_t oc = blockIdx.x * 32 + threadIdx.x;
-  const int64_t p0 = blockIdx.z * pixels_per_chunk;
-  const int64_t p1 = p0 + pixels_per_chunk < P ? p0 + pixels_per_chunk : P;
+  const int64_t oc = blockIdx.x * int64_t(depthwise::kFilterGradLanes) + threadIdx.x;
+  int64_t p0, p1;
+  depthwise::chunk_range(blockIdx.z, pixels_per_chunk, P, &p0, &p1);
   for (int64_t tap = blockIdx.y; tap < d.fh * d.fw; tap += gridDim.y) {
-    const int64_t di = tap / d.fw, dj = tap % d.fw;
-    acc_t acc = 0;
-    if (oc < CM) {
-      const int64_t c = oc / d.M;
-      for (int64_t p = p0 + threadIdx.y; p < p1; p += 8) {
-        const int64_t j = p % d.Wo, i = (p / d.Wo) % d.Ho, n = p / (d.Wo * d.Ho);
-        const int64_t h = i * d.sH + di * d.dH - d.pt, w = j * d.sW + dj * d.dW - d.pl;
-        if (h < 0 || h >= d.H || w < 0 || w >= d.W) continue;
-        acc += static_cast<acc_t>(x[offset<kChannelsLast>(n, c, h, w, d.C, d.H, d.W)]) *
-               static_cast<acc_t>(dy[offset<kChannelsLast>(n, oc, i, j, CM, d.Ho, d.Wo)]);
-      }
-    }
-    red[threadIdx.y][threadIdx.x] = acc;
+    red[threadIdx.y][threadIdx.x] =
+        oc < CM ? depthwise::filter_grad_thread<scalar_t, acc_t, kChannelsLast>(x, dy, d, oc, tap,
+                                                                                p0, p1, threadIdx.y)
+                : acc_t(0);
     __syncthreads();
-    if (threadIdx.y == 0 && oc < CM) {
-      acc_t s = 0;
-      for (int k = 0; k < 8; ++k) s += red[k][threadIdx.x];
-      part[(blockIdx.z * d.fh * d.fw + tap) * CM + oc] = s;
-    }
+    if (threadIdx.y == 0 && oc < CM)
+      part[(blockIdx.z * d.fh * d.fw + tap) * CM + oc] = depthwise::filter_grad_block_sum(
+          &red[0][threadIdx.x], depthwise::kFilterGradLanes);
     __syncthreads();  // red is reused by the next tap
   }
 }
@@ -175,13 +98,9 @@ __global__ void filter_grad_partial_kernel(const scalar_t* __restrict__ x,
 template <typename scalar_t>
 __global__ void filter_grad_sum_kernel(const at::opmath_type<scalar_t>* __restrict__ part,
                                        scalar_t* __restrict__ df, int64_t elems, int64_t chunks) {
-  using acc_t = at::opmath_type<scalar_t>;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < elems;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    acc_t s = 0;
-    for (int64_t k = 0; k < chunks; ++k) s += part[k * elems + e];
-    df[e] = static_cast<scalar_t>(s);
-  }
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    df[e] = depthwise::filter_grad_chunks_sum<scalar_t>(part, elems, chunks, e);
 }
 
 at::Tensor depthwise_conv2d_native_cuda(const at::Tensor& input, const at::Tensor& filter,
@@ -268,7 +187,7 @@ at::Tensor depthwise_conv2d_native_backprop_filter_cuda(
     at::Tensor part = at::empty({chunks, taps, CM}, input.options().dtype(acc_type));
     const dim3 grid(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y),
                     static_cast<unsigned>(chunks));
-    const dim3 block(32, 8);
+    const dim3 block(depthwise::kFilterGradLanes, depthwise::kFilterGradRows);
     if (l.channels_last)
       filter_grad_partial_kernel<scalar_t, true>
           <<<grid, block, 0, stream>>>(x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),

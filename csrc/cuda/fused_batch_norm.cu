@@ -18,77 +18,39 @@
 #include <algorithm>
 
 #include "common/fused_batch_norm.h"
+#include "common/fused_batch_norm_cells.h"
 #include "common/fused_batch_norm_sync.h"
 #include "common/launch_geometry.h"
 
 namespace torch_tfgrads {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kRowsPerBlock = 8;  // channels-last block: 32 channels x 8 rows of threads
-constexpr int kThreads = 256;     // channels-first and elementwise blocks
+constexpr int kWarp = bn::kWarp;
+constexpr int kRowsPerBlock = bn::kRowsPerBlock;  // channels-last: 32 channels x 8 rows
+constexpr int kThreads = bn::kFirstThreads;       // channels-first and elementwise blocks
 
-// Running (count, mean, M2) of one thread or block.
+using bn::GradSums;
+using bn::PushGrad;
+using bn::PushX;
+using bn::Welford;
+
+// Warp shuffles of the accumulators (common/fused_batch_norm_cells.h holds their arithmetic).
 template <typename acc_t>
-struct Welford {
-  acc_t n, mean, m2;  // no initialisers: __shared__ arrays need a trivial constructor
-  __device__ void push(acc_t v) {
-    n += 1;
-    const acc_t d = v - mean;
-    mean += d / n;
-    m2 += d * (v - mean);
-  }
-  __device__ void merge(const Welford& o) {
-    if (o.n == 0) return;
-    const acc_t nt = n + o.n, d = o.mean - mean;
-    mean += d * (o.n / nt);
-    m2 += o.m2 + d * d * (n * o.n / nt);
-    n = nt;
-  }
-  __device__ Welford shfl_down(int offset) const {
-    Welford o{};
-    o.n = __shfl_down_sync(0xffffffff, n, offset);
-    o.mean = __shfl_down_sync(0xffffffff, mean, offset);
-    o.m2 = __shfl_down_sync(0xffffffff, m2, offset);
-    return o;
-  }
-};
+__device__ Welford<acc_t> shfl_down(const Welford<acc_t>& a, int offset) {
+  Welford<acc_t> o{};
+  o.n = __shfl_down_sync(0xffffffff, a.n, offset);
+  o.mean = __shfl_down_sync(0xffffffff, a.mean, offset);
+  o.m2 = __shfl_down_sync(0xffffffff, a.m2, offset);
+  return o;
+}
 
-// Sums of dy and dy * (x - mean).
 template <typename acc_t>
-struct GradSums {
-  acc_t sdy, sdyxc;
-  __device__ void merge(const GradSums& o) {
-    sdy += o.sdy;
-    sdyxc += o.sdyxc;
-  }
-  __device__ GradSums shfl_down(int offset) const {
-    GradSums o{};
-    o.sdy = __shfl_down_sync(0xffffffff, sdy, offset);
-    o.sdyxc = __shfl_down_sync(0xffffffff, sdyxc, offset);
-    return o;
-  }
-};
-
-template <typename scalar_t, typename acc_t>
-struct PushX {
-  const scalar_t* x;
-  __device__ void operator()(Welford<acc_t>& a, int64_t i, int64_t) const {
-    a.push(static_cast<acc_t>(x[i]));
-  }
-};
-
-template <typename scalar_t, typename acc_t>
-struct PushGrad {
-  const scalar_t* dy;
-  const scalar_t* x;
-  const acc_t* mean;
-  __device__ void operator()(GradSums<acc_t>& a, int64_t i, int64_t c) const {
-    const acc_t g = static_cast<acc_t>(dy[i]);
-    a.sdy += g;
-    a.sdyxc += g * (static_cast<acc_t>(x[i]) - mean[c]);
-  }
-};
+__device__ GradSums<acc_t> shfl_down(const GradSums<acc_t>& a, int offset) {
+  GradSums<acc_t> o{};
+  o.sdy = __shfl_down_sync(0xffffffff, a.sdy, offset);
+  o.sdyxc = __shfl_down_sync(0xffffffff, a.sdyxc, offset);
+  return o;
+}
 
 // Channels-last partials: block (32, 8) covers 32 channels and a span of rows.
 template <typename Acc, typename Push>
@@ -96,7 +58,8 @@ __global__ void partials_channels_last(int64_t rows, int64_t C, int64_t rows_per
                                        Acc* out) {
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = blockIdx.x * int64_t(kWarp) + tx;
-  const int64_t r0 = blockIdx.y * rows_per_block, r1 = min(rows, r0 + rows_per_block);
+  int64_t r0, r1;
+  bn::part_range(blockIdx.y, rows_per_block, rows, &r0, &r1);
   Acc a{};
   if (c < C)
     for (int64_t r = r0 + ty; r < r1; r += kRowsPerBlock) push(a, r * C + c, c);
@@ -114,14 +77,15 @@ __global__ void partials_channels_last(int64_t rows, int64_t C, int64_t rows_per
 template <typename Acc, typename Push>
 __global__ void partials_channels_first(int64_t N, int64_t C, int64_t S, int64_t span, Push push,
                                         Acc* out) {
-  const int64_t c = blockIdx.x, total = N * S;
-  const int64_t j0 = blockIdx.y * span, j1 = min(total, j0 + span);
+  const int64_t c = blockIdx.x;
+  int64_t j0, j1;
+  bn::part_range(blockIdx.y, span, N * S, &j0, &j1);
   Acc a{};
   for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
     const int64_t n = j / S, s = j - n * S;
     push(a, (n * C + c) * S + s, c);
   }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) a.merge(a.shfl_down(offset));
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) a.merge(shfl_down(a, offset));
   __shared__ Acc sm[kThreads / kWarp];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   if (lane == 0) sm[warp] = a;
@@ -158,15 +122,8 @@ __global__ void finalize_moments(const Welford<acc_t>* parts, int64_t nparts, in
                                  acc_t factor, acc_t* bm, acc_t* bv, acc_t* rs1, acc_t* rs2) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
-  double tn = 0, tm = 0, tm2 = 0;
-  for (int64_t p = 0; p < nparts; ++p) {
-    const Welford<acc_t> w = parts[p * C + c];
-    if (w.n == 0) continue;
-    const double nt = tn + w.n, d = double(w.mean) - tm;
-    tm += d * (w.n / nt);
-    tm2 += double(w.m2) + d * d * (tn * w.n / nt);
-    tn = nt;
-  }
+  double tn, tm, tm2;
+  bn::merge_moments(parts, nparts, C, c, &tn, &tm, &tm2);
   const acc_t mu = acc_t(tm), vb = acc_t(tm2 / tn);
   const acc_t adjust = acc_t(n) / acc_t(n > 1 ? n - 1 : 1);
   rs1[c] = mu;
@@ -199,11 +156,8 @@ __global__ void finalize_grad(const GradSums<acc_t>* parts, int64_t nparts, int6
                               acc_t* goffset, acc_t* coef /* [3, C]: A, mean(dy), B */) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
-  double s1 = 0, s2 = 0;
-  for (int64_t p = 0; p < nparts; ++p) {
-    s1 += parts[p * C + c].sdy;
-    s2 += parts[p * C + c].sdyxc;
-  }
+  double s1, s2;
+  bn::merge_grad_sums(parts, nparts, C, c, &s1, &s2);
   const acc_t inv = acc_t(1) / sqrt(var[c] + eps), a1 = acc_t(s1), a2 = acc_t(s2);
   goffset[c] = a1;
   gscale[c] = a2 * inv;
@@ -342,11 +296,8 @@ __global__ void finalize_sums(const GradSums<acc_t>* parts, int64_t nparts, int6
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c == 0 && with_count) out[2 * C] = count;
   if (c >= C) return;
-  double s1 = 0, s2 = 0;
-  for (int64_t p = 0; p < nparts; ++p) {
-    s1 += parts[p * C + c].sdy;
-    s2 += parts[p * C + c].sdyxc;
-  }
+  double s1, s2;
+  bn::merge_grad_sums(parts, nparts, C, c, &s1, &s2);
   out[c] = acc_t(s1);
   out[C + c] = acc_t(s2);
 }
