@@ -435,3 +435,35 @@ def test_batch_norm_momentum_conversion(tf, keras):
     assert rel_err(tbn.running_var, kv) > 1e-4  # 36 values per channel: n / (n - 1) = 1.029
     ky = torch.from_numpy(y.numpy())
     assert rel_err(ty, ky) <= 1e-5 and rel_err(fy, ky) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("sparse_categorical_crossentropy", (torch.tensor([0, 2, 1]), torch.rand(3, 4))),
+        ("categorical_crossentropy", (torch.eye(4)[[0, 2, 1]], torch.rand(3, 4))),
+        ("binary_crossentropy", (torch.tensor([[0.0, 1.0], [1.0, 1.0]]), torch.rand(2, 2))),
+    ],
+)
+def test_losses_compile_and_export(name, args):
+    """The crossentropies under torch.compile(fullgraph=True, dynamic=True) and torch.export,
+    on probabilities with exact zeros and ones (the clipping) and from logits."""
+    import torch_tfgrads.keras as K
+
+    fn = getattr(K, name)
+    y, p = args
+    p = p.clone()
+    p.view(-1)[0], p.view(-1)[-1] = 0.0, 1.0
+    for from_logits in (False, True):
+        eager = fn(y, p, from_logits=from_logits)
+        compiled = torch.compile(
+            lambda y, p, fl=from_logits: fn(y, p, from_logits=fl), fullgraph=True, dynamic=True
+        )
+        torch.testing.assert_close(compiled(y, p), eager)
+
+    class Loss(torch.nn.Module):
+        def forward(self, y, p):
+            return fn(y, p)
+
+    ep = torch.export.export(Loss(), (y, p))
+    torch.testing.assert_close(ep.module()(y, p), fn(y, p))
