@@ -164,7 +164,9 @@ def main():
     if cuda:
         path, where, peers = "CUDA", "cuda", "torch.nn on cuDNN"
     else:
-        path = "BRGEMM" if T.cpu.cpu_paths()["rnn_brgemm"] else "cells"
+        paths = T.cpu.cpu_paths()
+        # the step cells from rnn_brgemm_max_rows_per_thread batch rows per thread on
+        brgemm_below = paths["rnn_brgemm_max_rows_per_thread"] * torch.get_num_threads()
         where, peers = f"{common.THREADS} threads", "Keras in a tf.function"
     print(
         f"CudnnRNN forward+backward, float32, 1 layer, {where}, torch {torch.__version__}, TF "
@@ -189,6 +191,9 @@ def main():
                     row += [common.fmt_ms(f_ours), common.fmt_ms(f_pt), f"{f_ours / f_pt:.2f}"]
                 row += [common.fmt_ms(ours), common.fmt_ms(pt)]
                 row += [] if cuda else [common.fmt_ms(ke)]
+                if not cuda:
+                    batch = shape[1]  # (T, B, I, U)
+                    path = "BRGEMM" if paths["rnn_brgemm"] and batch < brgemm_below else "cells"
                 row += [
                     f"{ours / best:.2f}",
                     path,

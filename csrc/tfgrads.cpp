@@ -21,8 +21,10 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
   try {
     const bool avx512 = torch_tfgrads::avx512_enabled();
     const bool brgemm = torch_tfgrads::rnn_brgemm_available();
-    return Py_BuildValue("{s:O,s:O}", "avx512_kernels", avx512 ? Py_True : Py_False, "rnn_brgemm",
-                         brgemm ? Py_True : Py_False);
+    return Py_BuildValue("{s:O,s:O,s:L}", "avx512_kernels", avx512 ? Py_True : Py_False,
+                         "rnn_brgemm", brgemm ? Py_True : Py_False,
+                         "rnn_brgemm_max_rows_per_thread",
+                         static_cast<long long>(torch_tfgrads::kBrgemmMaxRowsPerThread));
   } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     return nullptr;

@@ -7,9 +7,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "common/cudnn_rnn.h"
 #include "cpu/cudnn_rnn_brgemm.h"
 #include "cpu/cudnn_rnn_cell.h"
+#include "cpu/isa.h"
 
 namespace torch_tfgrads {
 namespace cudnn_rnn {
@@ -75,18 +78,55 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
                              [&] { cell_backward_typed<scalar_t>(cfg, a); });
 }
 
+constexpr CellKernels kCpuStepCells{&cell_forward, &cell_backward};
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
                                 &backward_direction, &cpu_matmul,    &cpu_weight_grads};
 #else
-constexpr CellKernels kCpuCells{&cell_forward, &cell_backward};
+constexpr CellKernels kCpuCells = kCpuStepCells;
 #endif
+
+// The BRGEMM pieces pay off while each thread has few batch rows; from 32 rows per thread the
+// step cells with ATen's GEMMs are faster, LSTM and GRU alike (interleaved A/B in one process,
+// docs/perf-notes/cudnn_rnn.md). A forward and its backward see the same batch, so they take the
+// same path.
+bool use_brgemm(const at::Tensor& input, bool time_major) {
+  if (input.dim() != 3) return true;  // the checks raise
+  const int64_t batch = input.size(time_major ? 1 : 0);
+  return batch < kBrgemmMaxRowsPerThread * std::max(1, at::get_num_threads());
+}
+
+ForwardResult cpu_forward(const at::Tensor& input, const at::Tensor& input_h,
+                          const at::Tensor& input_c, const at::Tensor& params,
+                          const at::Tensor& sequence_lengths, c10::string_view rnn_mode,
+                          c10::string_view input_mode, c10::string_view direction, double dropout,
+                          int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
+                          bool time_major) {
+  auto op = use_brgemm(input, time_major) ? &forward_op<kCpuCells> : &forward_op<kCpuStepCells>;
+  return op(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode, direction,
+            dropout, seed, seed2, num_proj, is_training, time_major);
+}
+
+BackwardResult cpu_backward(const at::Tensor& input, const at::Tensor& input_h,
+                            const at::Tensor& input_c, const at::Tensor& params,
+                            const at::Tensor& sequence_lengths, const at::Tensor& output,
+                            const at::Tensor& output_h, const at::Tensor& output_c,
+                            const at::Tensor& output_backprop, const at::Tensor& output_h_backprop,
+                            const at::Tensor& output_c_backprop, const at::Tensor& reserve_space,
+                            const at::Tensor& host_reserved, c10::string_view rnn_mode,
+                            c10::string_view input_mode, c10::string_view direction, double dropout,
+                            int64_t seed, int64_t seed2, int64_t num_proj, bool time_major) {
+  auto op = use_brgemm(input, time_major) ? &backward_op<kCpuCells> : &backward_op<kCpuStepCells>;
+  return op(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
+            output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
+            rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major);
+}
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(tfgrads, CPU, m) {
-  m.impl("cudnn_rnn_v3", &forward_op<kCpuCells>);
-  m.impl("cudnn_rnn_backprop_v3", &backward_op<kCpuCells>);
+  m.impl("cudnn_rnn_v3", &cpu_forward);
+  m.impl("cudnn_rnn_backprop_v3", &cpu_backward);
   m.impl("cudnn_rnn_canonical_to_params_v2", &canonical_to_params);
   m.impl("cudnn_rnn_params_to_canonical_v2", &params_to_canonical);
 }

@@ -7,6 +7,8 @@
 // avx512_enabled() says so, so one build runs on AVX2-only CPUs too.
 #pragma once
 
+#include <cstdint>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TFGRADS_HAVE_AVX512_KERNELS 1
 #define TFGRADS_AVX512_BEGIN \
@@ -28,5 +30,9 @@ bool brgemm_allowed();
 // Whether the RNN's BRGEMM path runs here: compiled into ATen, supported by this CPU, allowed
 // (cudnn_rnn_brgemm.cpp).
 bool rnn_brgemm_available();
+
+// Batch rows per thread from which the RNN runs its step cells even where BRGEMM is available
+// (cpu/cudnn_rnn.cpp): torch_tfgrads.cpu.cpu_paths() reports it.
+constexpr int64_t kBrgemmMaxRowsPerThread = 32;
 
 }  // namespace torch_tfgrads
