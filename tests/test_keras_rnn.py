@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-import torch_tfgrads.nn.keras_bidirectional as keras_bidirectional
 import torch_tfgrads.nn.keras_rnn as keras_rnn
 from helpers import rel_err
 from torch_tfgrads.nn import CudnnLSTM, KerasBidirectional, KerasGRU, KerasLSTM, KerasSimpleRNN
@@ -27,7 +26,6 @@ def cudnn_calls(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(keras_rnn, "cudnn_rnn_v3", counting)
-    monkeypatch.setattr(keras_bidirectional, "cudnn_rnn_v3", counting)
     return calls
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import cudnn_rnn_canonical_to_params_v2, cudnn_rnn_v3
-from .keras_rnn import _initial, _KerasRNN, _right_padded_lengths
+from .keras_rnn import _KerasRNN, _right_padded_lengths, run_cudnn
 
 
 class KerasBidirectional(torch.nn.Module):
@@ -151,30 +150,7 @@ class KerasBidirectional(torch.nn.Module):
             yb, sb = b._cudnn(xb, lengths, init_b, True)
             return yf, (yb.flip(1) if b.return_sequences else yb), sf, sb
         U = f.units
-        wf, bf = f._canonical()
-        wb, bb = b._canonical()
-        params = cudnn_rnn_canonical_to_params_v2(
-            1,
-            U,
-            f.input_size,
-            wf + wb,
-            bf + bb,
-            rnn_mode=f.cudnn_mode,
-            direction="bidirectional",
-        )
-        h0, c0 = _initial(x, U, [init_f, init_b])
-        out, h, c, _, _ = cudnn_rnn_v3(
-            x.transpose(0, 1),
-            h0,
-            c0,
-            params,
-            lengths,
-            rnn_mode=f.cudnn_mode,
-            direction="bidirectional",
-            is_training=torch.is_grad_enabled(),
-            time_major=True,
-        )
-        out = out.transpose(0, 1)
+        out, h, c = run_cudnn([f, b], x, lengths, [init_f, init_b])
         if f.return_sequences:
             yf, yb = out[..., :U], out[..., U:]
         else:

@@ -265,25 +265,9 @@ class _KerasRNN(torch.nn.Module):
         return keras_to_canonical(self.cudnn_mode, self.kernel, self.recurrent_kernel, self._bias())
 
     def _cudnn(self, x, lengths, initial_state, zero_output_for_mask):
-        U = self.units
-        w, b = self._canonical()
-        params = cudnn_rnn_canonical_to_params_v2(
-            1, U, self.input_size, w, b, rnn_mode=self.cudnn_mode
-        )
         if self.go_backwards:
             x = _reverse_valid(x, lengths)
-        h0, c0 = _initial(x, U, [initial_state])
-        out, h, c, _, _ = cudnn_rnn_v3(
-            x.transpose(0, 1),
-            h0,
-            c0,
-            params,
-            lengths,
-            rnn_mode=self.cudnn_mode,
-            is_training=torch.is_grad_enabled(),
-            time_major=True,
-        )
-        out = out.transpose(0, 1)
+        out, h, c = run_cudnn([self], x, lengths, [initial_state])
         if lengths is not None and self.return_sequences:
             out = _keras_masked_outputs(out, lengths, self.go_backwards, zero_output_for_mask)
         y = out if self.return_sequences else h[0]
@@ -399,6 +383,41 @@ class _KerasRNN(torch.nn.Module):
             prev = out
         y = torch.stack(outs, 1) if self.return_sequences else outs[-1]
         return y, ([h, c] if self.keras_class == "LSTM" else [h])
+
+
+def run_cudnn(layers, x, lengths, initial_states):
+    """``cudnn_rnn_v3`` over batch-major ``x`` for one layer (one direction) or a forward and a
+    backward layer (bidirectional), the buffer built from their Keras variables. Returns the
+    batch-major output ``[batch, time, directions * units]`` and the final ``h``, ``c``."""
+    first = layers[0]
+    weights, biases = [], []
+    for layer in layers:
+        w, b = layer._canonical()
+        weights += w
+        biases += b
+    direction = "bidirectional" if len(layers) == 2 else "unidirectional"
+    params = cudnn_rnn_canonical_to_params_v2(
+        1,
+        first.units,
+        first.input_size,
+        weights,
+        biases,
+        rnn_mode=first.cudnn_mode,
+        direction=direction,
+    )
+    h0, c0 = _initial(x, first.units, initial_states)
+    out, h, c, _, _ = cudnn_rnn_v3(
+        x.transpose(0, 1),
+        h0,
+        c0,
+        params,
+        lengths,
+        rnn_mode=first.cudnn_mode,
+        direction=direction,
+        is_training=torch.is_grad_enabled(),
+        time_major=True,
+    )
+    return out.transpose(0, 1), h, c
 
 
 def _initial(x, U, per_direction):
