@@ -71,6 +71,7 @@ BN_GEOMETRIES = [
     ((256, 16, 32, 3), "NHWC", False, "1024 partials of 128 rows"),
     ((65537, 1, 1, 5), "NHWC", False, "1024 partials of 65 rows, the last 15 empty"),
     ((9, 7, 11, 33), "NHWC", False, "two channel groups, 31 idle threads"),
+    ((5, 60, 1, 65), "NHWC", False, "5 partials: 11 of the 16 merge rows idle"),
     ((4, 65, 30, 31), "NCHW", True, "channels_last NCHW: the channels-last kernel"),
     ((64, 3, 128, 512), "NCHW", False, "1024 partials of a channel's 4096 elements"),
     ((1023, 2, 4097, 1), "NCHW", False, "1024 partials across image boundaries"),
@@ -115,7 +116,7 @@ def test_batch_norm_merge_order_at_gpu_geometries(shape, data_format, cl, what):
 
 
 @pytest.mark.parametrize(
-    "shape,data_format,cl,what", BN_GEOMETRIES[:6], ids=[g[3] for g in BN_GEOMETRIES[:6]]
+    "shape,data_format,cl,what", BN_GEOMETRIES[:7], ids=[g[3] for g in BN_GEOMETRIES[:7]]
 )
 def test_batch_norm_gradient_sums_at_gpu_geometries(shape, data_format, cl, what):
     gen = torch.Generator().manual_seed(3)
@@ -200,3 +201,4 @@ def test_depthwise_bodies_and_filter_grad_order(dtype, geometry):
     assert workspace == chunks * fshape[0] * fshape[1] * fshape[2] * fshape[3] * acc_bytes
     assert workspace <= 64 << 20
     assert chunks == {64: 128, 8: 15}.get(ishape[0], 1)  # 2048 pixels per chunk at least
+

@@ -1,6 +1,6 @@
 // The arithmetic of the FusedBatchNorm CUDA reductions as host-device code: the accumulators
 // (Welford moments, gradient sums), what one thread pushes, how partials merge, which elements a
-// partial covers, and the per-channel finalisation in double. The CUDA kernels
+// partial covers, and the per-channel merge in double. The CUDA kernels
 // (cuda/fused_batch_norm.cu) run them in their thread, warp and block order; a host emulation of
 // that exact order (tfgrads_test::fused_batch_norm_partials, cpu/fused_batch_norm_cells.cpp) runs
 // the same functions, so the CPU tests check the merge at geometries a test GPU would need (1024
@@ -78,36 +78,45 @@ C10_HOST_DEVICE inline void part_range(int64_t p, int64_t per_part, int64_t tota
   *end = e < total ? e : total;
 }
 
-// Channel c's moments from its partials (parts[p * C + c]), merged in partial order in double
-// with Chan's formula; empty partials are skipped.
+// ---- The per-channel merge of the partials, in double --------------------------------------
+// A finalize block has kMergeGroups rows of 32 threads: thread (row g, lane) owns channel
+// blockIdx.x * 32 + lane and merges its partials g, g + kMergeGroups, g + 2 * kMergeGroups, ...
+// in that order (consecutive lanes read consecutive channels of one partial: coalesced); then
+// row 0 merges rows 1..kMergeGroups-1 in row order. At 1024 partials that is 64 + 15 merges in
+// a chain instead of 1024.
+constexpr int kMergeGroups = 16;
+
+// Group g's share of channel c's moments (Chan's formula; empty partials are skipped, and the
+// first non-empty one is taken exactly).
 template <typename acc_t>
-C10_HOST_DEVICE inline void merge_moments(const Welford<acc_t>* parts, int64_t nparts, int64_t C,
-                                          int64_t c, double* count, double* mean, double* m2) {
-  double tn = 0, tm = 0, tm2 = 0;
-  for (int64_t p = 0; p < nparts; ++p) {
+C10_HOST_DEVICE inline Welford<double> merge_moments_group(const Welford<acc_t>* parts,
+                                                           int64_t nparts, int64_t C, int64_t c,
+                                                           int g) {
+  Welford<double> t{0, 0, 0};
+  for (int64_t p = g; p < nparts; p += kMergeGroups) {
     const Welford<acc_t> w = parts[p * C + c];
-    if (w.n == 0) continue;
-    const double nt = tn + w.n, d = double(w.mean) - tm;
-    tm += d * (w.n / nt);
-    tm2 += double(w.m2) + d * d * (tn * w.n / nt);
-    tn = nt;
+    t.merge(Welford<double>{double(w.n), double(w.mean), double(w.m2)});
   }
-  *count = tn;
-  *mean = tm;
-  *m2 = tm2;
+  return t;
 }
 
-// Channel c's gradient sums from its partials, in partial order in double.
+// Group g's share of channel c's gradient sums.
 template <typename acc_t>
-C10_HOST_DEVICE inline void merge_grad_sums(const GradSums<acc_t>* parts, int64_t nparts, int64_t C,
-                                            int64_t c, double* sdy, double* sdyxc) {
-  double s1 = 0, s2 = 0;
-  for (int64_t p = 0; p < nparts; ++p) {
-    s1 += parts[p * C + c].sdy;
-    s2 += parts[p * C + c].sdyxc;
-  }
-  *sdy = s1;
-  *sdyxc = s2;
+C10_HOST_DEVICE inline GradSums<double> merge_grad_sums_group(const GradSums<acc_t>* parts,
+                                                              int64_t nparts, int64_t C, int64_t c,
+                                                              int g) {
+  GradSums<double> t{0, 0};
+  for (int64_t p = g; p < nparts; p += kMergeGroups)
+    t.merge(GradSums<double>{double(parts[p * C + c].sdy), double(parts[p * C + c].sdyxc)});
+  return t;
+}
+
+// Row 0's merge of the groups' results (groups[g * stride]) in group order.
+template <typename Acc>
+C10_HOST_DEVICE inline Acc merge_groups(const Acc* groups, int stride) {
+  Acc a = groups[0];
+  for (int g = 1; g < kMergeGroups; ++g) a.merge(groups[g * stride]);
+  return a;
 }
 
 }  // namespace bn

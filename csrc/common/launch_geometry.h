@@ -17,7 +17,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // ---- FusedBatchNorm: partial reductions over the layout, then a per-channel merge ----------
 // Channels-last: blocks of (32 channels x 8 rows of threads) over spans of rows; channels-first:
 // one block per (channel, span of the channel's elements). Partials per channel: enough for
-// work per block, at most kBnMaxParts (merged serially per channel in double).
+// work per block, at most kBnMaxParts (merged per channel in double by 16 threads, then one).
 constexpr int64_t kBnMaxParts = 1024;
 constexpr int64_t kBnRowsPerPart = 64;  // channels-last rows per partial, at least
 constexpr int64_t kBnSpan = 4096;       // channels-first elements per partial, at least

@@ -1,7 +1,7 @@
 // A host emulation of the FusedBatchNorm CUDA reductions in their exact order, for the CPU tests
 // only (tfgrads_test::fused_batch_norm_partials): the same layout choice and launch plan, every
 // thread's pushes, the 8-row merge of a channels-last block, the warp-shuffle tree and warp merge
-// of a channels-first block, then the per-channel merge in double, all with the functions the
+// of a channels-first block, then the per-channel merge in double (kMergeGroups rows, then row 0), all with the functions the
 // kernels use (common/fused_batch_norm_cells.h). Returns the partials' element counts
 // [parts, C] and, per channel, [count, mean, M2] (dy given: [sum dy, sum dy * (x - mean)]).
 #include <ATen/Dispatch.h>
@@ -88,6 +88,15 @@ std::vector<Acc> partials(const ChannelLayout& l, const launch::BnPlan& plan, co
   return out;
 }
 
+// One channel's finalize: row g of the block merges its group, then row 0 merges the rows.
+template <typename Group>
+auto finalize(const Group& group) {
+  using Acc = decltype(group(0));
+  Acc rows[bn::kMergeGroups];
+  for (int g = 0; g < bn::kMergeGroups; ++g) rows[g] = group(g);
+  return bn::merge_groups(rows, 1);
+}
+
 // The elements each partial covers: the count of its Welford (a push per element).
 template <typename acc_t>
 at::Tensor part_counts(const std::vector<bn::Welford<acc_t>>& parts, int64_t nparts, int64_t C) {
@@ -115,9 +124,13 @@ std::tuple<at::Tensor, at::Tensor> fused_batch_norm_partials(const at::Tensor& x
       const auto parts = partials<bn::Welford<acc_t>>(
           l, plan, bn::PushX<scalar_t, acc_t>{xp.const_data_ptr<scalar_t>()});
       counts = part_counts(parts, plan.parts, l.C);
-      for (int64_t c = 0; c < l.C; ++c)
-        bn::merge_moments(parts.data(), plan.parts, l.C, c, &out[c], &out[l.C + c],
-                          &out[2 * l.C + c]);
+      for (int64_t c = 0; c < l.C; ++c) {
+        const auto w = finalize(
+            [&](int g) { return bn::merge_moments_group(parts.data(), plan.parts, l.C, c, g); });
+        out[c] = w.n;
+        out[l.C + c] = w.mean;
+        out[2 * l.C + c] = w.m2;
+      }
     } else {
       TORCH_CHECK(mean.has_value(), "fused_batch_norm_partials: dy needs mean");
       const at::Tensor dyp = to_physical(*dy, l);
@@ -127,8 +140,12 @@ std::tuple<at::Tensor, at::Tensor> fused_batch_norm_partials(const at::Tensor& x
           bn::PushGrad<scalar_t, acc_t>{dyp.const_data_ptr<scalar_t>(),
                                         xp.const_data_ptr<scalar_t>(), m.const_data_ptr<acc_t>()});
       counts = at::zeros({plan.parts, l.C}, at::kDouble);
-      for (int64_t c = 0; c < l.C; ++c)
-        bn::merge_grad_sums(parts.data(), plan.parts, l.C, c, &out[c], &out[l.C + c]);
+      for (int64_t c = 0; c < l.C; ++c) {
+        const auto s = finalize(
+            [&](int g) { return bn::merge_grad_sums_group(parts.data(), plan.parts, l.C, c, g); });
+        out[c] = s.sdy;
+        out[l.C + c] = s.sdyxc;
+      }
     }
   });
   return {counts, stats};

@@ -5,7 +5,8 @@
 // dimension (channels-last: a warp reads 32 consecutive channels of a row; channels-first: a
 // block reads a contiguous span of one channel's planes), reduced in registers, with warp
 // shuffles and through shared memory; (2) a per-channel finalize kernel that merges the
-// partials in double (Chan's formula for the moments); (3) an elementwise kernel.
+// partials in double (Chan's formula for the moments), 16 threads per channel; (3) an
+// elementwise kernel.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -116,14 +117,36 @@ launch::BnPlan plan_for(const ChannelLayout& l) {
   return launch::bn_plan(l.channels_last, l.C, l.outer, l.inner);
 }
 
+// The finalize kernels' merge of channel c's partials (common/fused_batch_norm_cells.h): block
+// (32 lanes, kMergeGroups rows) on 32 channels; row g merges its share of the partials, then row
+// 0 merges the rows. True in row 0 for a channel < C, with the result in *out.
+template <typename Acc, typename Group>
+__device__ bool merge_channel(int64_t C, const Group& group, Acc* out) {
+  __shared__ Acc sm[bn::kMergeGroups][kWarp];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * int64_t(kWarp) + tx;
+  if (c < C) sm[ty][tx] = group(c, ty);
+  __syncthreads();
+  if (ty != 0 || c >= C) return false;
+  *out = bn::merge_groups(&sm[0][tx], kWarp);
+  return true;
+}
+
+// Launch geometry of the finalize kernels.
+dim3 finalize_grid(int64_t C) { return dim3(static_cast<unsigned>(launch::ceil_div(C, kWarp))); }
+const dim3 kFinalizeBlock(kWarp, bn::kMergeGroups);
+
 template <typename acc_t>
 __global__ void finalize_moments(const Welford<acc_t>* parts, int64_t nparts, int64_t C, int64_t n,
                                  const acc_t* run_mean, const acc_t* run_var, bool uses_running,
                                  acc_t factor, acc_t* bm, acc_t* bv, acc_t* rs1, acc_t* rs2) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  double tn, tm, tm2;
-  bn::merge_moments(parts, nparts, C, c, &tn, &tm, &tm2);
+  Welford<double> w;
+  const auto group = [&](int64_t c, int g) {
+    return bn::merge_moments_group(parts, nparts, C, c, g);
+  };
+  if (!merge_channel(C, group, &w)) return;
+  const int64_t c = blockIdx.x * int64_t(kWarp) + threadIdx.x;
+  const double tn = w.n, tm = w.mean, tm2 = w.m2;
   const acc_t mu = acc_t(tm), vb = acc_t(tm2 / tn);
   const acc_t adjust = acc_t(n) / acc_t(n > 1 ? n - 1 : 1);
   rs1[c] = mu;
@@ -154,10 +177,13 @@ template <typename acc_t>
 __global__ void finalize_grad(const GradSums<acc_t>* parts, int64_t nparts, int64_t C, int64_t n,
                               const acc_t* scale, const acc_t* var, acc_t eps, acc_t* gscale,
                               acc_t* goffset, acc_t* coef /* [3, C]: A, mean(dy), B */) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  double s1, s2;
-  bn::merge_grad_sums(parts, nparts, C, c, &s1, &s2);
+  GradSums<double> sums;
+  const auto group = [&](int64_t c, int g) {
+    return bn::merge_grad_sums_group(parts, nparts, C, c, g);
+  };
+  if (!merge_channel(C, group, &sums)) return;
+  const int64_t c = blockIdx.x * int64_t(kWarp) + threadIdx.x;
+  const double s1 = sums.sdy, s2 = sums.sdyxc;
   const acc_t inv = acc_t(1) / sqrt(var[c] + eps), a1 = acc_t(s1), a2 = acc_t(s2);
   goffset[c] = a1;
   gscale[c] = a2 * inv;
@@ -210,7 +236,7 @@ void forward_cuda(bn::Forward& f, const at::Tensor& scale, const at::Tensor& off
     const at::Tensor var_c = f.uses_running_stats ? variance.contiguous() : f.rs2;
     const acc_t factor = is_double ? acc_t(exponential_avg_factor)
                                    : acc_t(static_cast<float>(exponential_avg_factor));
-    finalize_moments<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+    finalize_moments<acc_t><<<finalize_grid(l.C), kFinalizeBlock, 0, stream>>>(
         parts, nparts, l.C, numel / l.C, mean_c.const_data_ptr<acc_t>(),
         var_c.const_data_ptr<acc_t>(), f.uses_running_stats, factor, f.batch_mean.data_ptr<acc_t>(),
         f.batch_variance.data_ptr<acc_t>(), f.rs1.data_ptr<acc_t>(), f.rs2.data_ptr<acc_t>());
@@ -243,7 +269,7 @@ void backward_cuda(bn::Backward& b, const at::Tensor& scale, const at::Tensor& r
                   stream);
   const int64_t nparts = plan.parts;
   at::Tensor coef = at::empty({3 * l.C}, rs1_c.options());
-  finalize_grad<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+  finalize_grad<acc_t><<<finalize_grid(l.C), kFinalizeBlock, 0, stream>>>(
       parts, nparts, l.C, numel / l.C, scale_c.const_data_ptr<acc_t>(),
       rs2_c.const_data_ptr<acc_t>(), eps, b.scale_backprop.data_ptr<acc_t>(),
       b.offset_backprop.data_ptr<acc_t>(), coef.data_ptr<acc_t>());
@@ -293,13 +319,15 @@ fused_batch_norm_grad_v3_cuda(const at::Tensor& y_backprop, const at::Tensor& x,
 template <typename acc_t>
 __global__ void finalize_sums(const GradSums<acc_t>* parts, int64_t nparts, int64_t C,
                               bool with_count, acc_t count, acc_t* out) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c == 0 && with_count) out[2 * C] = count;
-  if (c >= C) return;
-  double s1, s2;
-  bn::merge_grad_sums(parts, nparts, C, c, &s1, &s2);
-  out[c] = acc_t(s1);
-  out[C + c] = acc_t(s2);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0 && with_count) out[2 * C] = count;
+  GradSums<double> sums;
+  const auto group = [&](int64_t c, int g) {
+    return bn::merge_grad_sums_group(parts, nparts, C, c, g);
+  };
+  if (!merge_channel(C, group, &sums)) return;
+  const int64_t c = blockIdx.x * int64_t(kWarp) + threadIdx.x;
+  out[c] = acc_t(sums.sdy);
+  out[C + c] = acc_t(sums.sdyxc);
 }
 
 // The input gradient's coefficients (A, mean(dy), B as in finalize_grad) from the all-reduced
@@ -333,7 +361,7 @@ void sync_sums_cuda(const bn_sync::Prepared& p, const scalar_t* dy, const at::Te
                                             mean_c.const_data_ptr<acc_t>()},
                   parts, stream);
   const int64_t nparts = plan.parts;
-  finalize_sums<acc_t><<<(l.C + 127) / 128, 128, 0, stream>>>(
+  finalize_sums<acc_t><<<finalize_grid(l.C), kFinalizeBlock, 0, stream>>>(
       parts, nparts, l.C, with_count, acc_t(p.count), out.data_ptr<acc_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
