@@ -1,5 +1,6 @@
 // The fused per-step cell of the CudnnRNN family on the CPU (gate activations, state update,
-// saved activations) and its gradient, for one batch row's units, vectorised with at::vec.
+// saved activations) and its gradient, for one batch row's units, vectorised with at::vec: the
+// formulas shared with the CUDA kernel (common/cudnn_rnn_cells.h) on vectors of units.
 // Shared by the per-step kernels (cudnn_rnn.cpp) and the fused BRGEMM steps
 // (cudnn_rnn_brgemm.cpp), which inline the same cells.
 #pragma once
@@ -13,6 +14,7 @@
 #include <type_traits>
 
 #include "common/cudnn_rnn.h"
+#include "common/cudnn_rnn_cells.h"
 
 namespace torch_tfgrads {
 namespace cudnn_rnn {
@@ -53,6 +55,19 @@ C10_ALWAYS_INLINE Vectorized<float> fast_tanh(const Vectorized<float>& a) {
   // |a| < 4e-4: tanh(a) == a to float precision (and keeps signed zeros and tiny values exact).
   return Vec::blendv(p / q, a, a.abs() < Vec(0.0004f));
 }
+
+// The activations of the CPU cells, for the shared formulas (common/cudnn_rnn_cells.h).
+template <typename T>
+struct VecMath {
+  using V = Vectorized<T>;
+  static C10_ALWAYS_INLINE V one() { return V(T(1)); }
+  static C10_ALWAYS_INLINE V sigmoid(const V& x) { return cudnn_rnn::sigmoid(x); }
+  static C10_ALWAYS_INLINE V tanh(const V& x) { return fast_tanh(x); }
+  static C10_ALWAYS_INLINE V relu(const V& x) { return at::vec::maximum(x, V(T(0))); }
+  static C10_ALWAYS_INLINE V relu_grad(const V& h, const V& dh) {
+    return V::blendv(V(T(0)), dh, h > V(T(0)));
+  }
+};
 
 // Calls f(b) for every batch row; rows are independent, so split them over threads once a
 // step has enough work to pay for it.
@@ -131,37 +146,35 @@ C10_ALWAYS_INLINE void forward_cell(const FwdSeg<T>& p, int64_t n, bool active, 
     T* ac = p.acts ? p.acts + u : nullptr;
     switch (mode) {
       case Mode::kLstm: {
-        const Vec i = sigmoid(pre(0)), f = sigmoid(pre(1)), g = fast_tanh(pre(2)),
-                  o = sigmoid(pre(3));
-        const Vec c = f * Vec::loadu(p.c_prev + u, m) + i * g;
-        c.store(p.c_out + u, m);
-        (o * fast_tanh(c)).store(p.h_out + u, m);
+        const auto s = cells::lstm_forward<VecMath<T>>(pre(0), pre(1), pre(2), pre(3),
+                                                       Vec::loadu(p.c_prev + u, m));
+        s.c.store(p.c_out + u, m);
+        s.h.store(p.h_out + u, m);
         if (ac) {
-          i.store(ac, m);
-          f.store(ac + U, m);
-          g.store(ac + 2 * U, m);
-          o.store(ac + 3 * U, m);
+          s.i.store(ac, m);
+          s.f.store(ac + U, m);
+          s.g.store(ac + 2 * U, m);
+          s.o.store(ac + 3 * U, m);
         }
         break;
       }
       case Mode::kGru: {
-        const Vec rg = sigmoid(pre(0)), z = sigmoid(pre(1));
         const Vec ghn = rec(2);
-        const Vec nn = fast_tanh(Vec::loadu(p.x + 2 * p.x_gate + u, m) + rg * ghn);
-        const Vec h = Vec::loadu(p.h_prev + u, m);
-        (nn + z * (h - nn)).store(p.h_out + u, m);  // (1-z) n + z h
+        const auto s = cells::gru_forward<VecMath<T>>(pre(0), pre(1),
+                                                      Vec::loadu(p.x + 2 * p.x_gate + u, m), ghn,
+                                                      Vec::loadu(p.h_prev + u, m));
+        s.h.store(p.h_out + u, m);
         if (ac) {
-          rg.store(ac, m);
-          z.store(ac + U, m);
-          nn.store(ac + 2 * U, m);
+          s.r.store(ac, m);
+          s.z.store(ac + U, m);
+          s.n.store(ac + 2 * U, m);
           ghn.store(ac + 3 * U, m);
         }
         break;
       }
       case Mode::kRnnTanh:
       case Mode::kRnnRelu: {
-        const Vec h = mode == Mode::kRnnTanh ? fast_tanh(pre(0))
-                                             : at::vec::maximum(pre(0), Vec(T(0)));
+        const Vec h = cells::rnn_forward<VecMath<T>, mode>(pre(0));
         h.store(p.h_out + u, m);
         if (ac) h.store(ac, m);
         break;
@@ -184,7 +197,7 @@ C10_ALWAYS_INLINE void backward_cell(const BwdSeg<T>& p, int64_t n, bool active)
   using Vec = Vectorized<T>;
   constexpr int64_t kV = Vec::size();
   const int64_t U = p.U;
-  const Vec one(T(1)), zero(T(0));
+  const Vec zero(T(0));
   if (!active) {  // zero gate gradients; dc and dh pass through
     for (int64_t g = 0; g < gates_of(mode); ++g) {
       std::fill(p.dgx + g * U, p.dgx + g * U + n, T(0));
@@ -201,44 +214,35 @@ C10_ALWAYS_INLINE void backward_cell(const BwdSeg<T>& p, int64_t n, bool active)
     T* gx = p.dgx + u;
     switch (mode) {
       case Mode::kLstm: {
-        const Vec i = Vec::loadu(ac, m), f = Vec::loadu(ac + U, m), g = Vec::loadu(ac + 2 * U, m),
-                  o = Vec::loadu(ac + 3 * U, m);
-        const Vec tc = fast_tanh(Vec::loadu(p.c_cur + u, m));
-        const Vec dct = Vec::loadu(p.dc + u, m) + g_h * o * (one - tc * tc);
-        (dct * i * (one - i) * g).store(gx, m);
-        (dct * f * (one - f) * Vec::loadu(p.c_prev + u, m)).store(gx + U, m);
-        (dct * i * (one - g * g)).store(gx + 2 * U, m);
-        (g_h * tc * o * (one - o)).store(gx + 3 * U, m);
-        (dct * f).store(p.dc_prev + u, m);
+        const auto d = cells::lstm_backward<VecMath<T>>(
+            Vec::loadu(ac, m), Vec::loadu(ac + U, m), Vec::loadu(ac + 2 * U, m),
+            Vec::loadu(ac + 3 * U, m), Vec::loadu(p.c_cur + u, m), Vec::loadu(p.c_prev + u, m), g_h,
+            Vec::loadu(p.dc + u, m));
+        d.di.store(gx, m);
+        d.df.store(gx + U, m);
+        d.dg.store(gx + 2 * U, m);
+        d.do_.store(gx + 3 * U, m);
+        d.dc_prev.store(p.dc_prev + u, m);
         if (p.carry) zero.store(p.carry + u, m);
         break;
       }
       case Mode::kGru: {
-        const Vec rg = Vec::loadu(ac, m), z = Vec::loadu(ac + U, m), nn = Vec::loadu(ac + 2 * U, m),
-                  ghn = Vec::loadu(ac + 3 * U, m);
-        const Vec h = Vec::loadu(p.h_prev + u, m);
-        const Vec dn = g_h * (one - z) * (one - nn * nn);
-        const Vec dz = g_h * (h - nn) * z * (one - z);
-        const Vec dr = dn * ghn * rg * (one - rg);
+        const auto d = cells::gru_backward<VecMath<T>>(
+            Vec::loadu(ac, m), Vec::loadu(ac + U, m), Vec::loadu(ac + 2 * U, m),
+            Vec::loadu(ac + 3 * U, m), Vec::loadu(p.h_prev + u, m), g_h);
         T* gr = p.dgh + u;
-        dr.store(gx, m);
-        dz.store(gx + U, m);
-        dn.store(gx + 2 * U, m);
-        dr.store(gr, m);
-        dz.store(gr + U, m);
-        (dn * rg).store(gr + 2 * U, m);
-        (g_h * z).store(p.carry + u, m);
+        d.dr.store(gx, m);
+        d.dz.store(gx + U, m);
+        d.dn.store(gx + 2 * U, m);
+        d.dr.store(gr, m);
+        d.dz.store(gr + U, m);
+        d.dgh_n.store(gr + 2 * U, m);
+        d.carry.store(p.carry + u, m);
         break;
       }
-      case Mode::kRnnTanh: {
-        const Vec h = Vec::loadu(ac, m);
-        (g_h * (one - h * h)).store(gx, m);
-        zero.store(p.carry + u, m);
-        break;
-      }
+      case Mode::kRnnTanh:
       case Mode::kRnnRelu: {
-        const Vec h = Vec::loadu(ac, m);
-        Vec::blendv(zero, g_h, h > zero).store(gx, m);
+        cells::rnn_backward<VecMath<T>, mode>(Vec::loadu(ac, m), g_h).store(gx, m);
         zero.store(p.carry + u, m);
         break;
       }
