@@ -132,88 +132,140 @@ struct MaxGradPass {
   template <int RH, int CW>
   static void cell_argmax(const scalar_t* xc, int64_t rh, int64_t last, int64_t stride, int64_t row,
                           int64_t pixel, Vec& best, Vec& at) {
+    cell_argmaxes<RH, CW, 1>(xc, rh, last, stride, row, pixel, &best, &at);
+  }
+  // The same for NV consecutive channel vectors of the cell (xc + k * L): their chains are
+  // independent and interleave, where one vector's compare-and-select chain alone waits on
+  // its latency.
+  template <int RH, int CW, int NV>
+  static C10_ALWAYS_INLINE void cell_argmaxes(const scalar_t* xc, int64_t rh, int64_t last,
+                                              int64_t stride, int64_t row, int64_t pixel, Vec* best,
+                                              Vec* at) {
     const int64_t cw = CW > 0 ? CW : last + 1;
-    best = Wd::load(xc);
-    at = Vec(A(0));
+    for (int k = 0; k < NV; ++k) {
+      best[k] = Wd::load(xc + k * L);
+      at[k] = Vec(A(0));
+    }
 #pragma GCC unroll 4
     for (int64_t h = 0; h < (RH > 0 ? RH : rh); ++h) {
 #pragma GCC unroll 4
       for (int64_t w = (h == 0 ? 1 : 0); w < cw; ++w) {
-        const Vec v = Wd::load(xc + h * row + (CW > 0 ? std::min(w, last) : w) * pixel);
-        const Vec take = best < v;
-        best = Vec::blendv(best, v, take);
-        at = Vec::blendv(at, Vec(static_cast<A>(h * stride + w)), take);
+        const scalar_t* p = xc + h * row + (CW > 0 ? std::min(w, last) : w) * pixel;
+        const Vec here(static_cast<A>(h * stride + w));
+#pragma GCC unroll 4
+        for (int k = 0; k < NV; ++k) {
+          const Vec v = Wd::load(p + k * L);
+          const Vec take = best[k] < v;
+          best[k] = Vec::blendv(best[k], v, take);
+          at[k] = Vec::blendv(at[k], here, take);
+        }
       }
     }
   }
 
-  void store(scalar_t* o, const Vec& v) const {
-    if constexpr (std::is_same_v<scalar_t, float>)
-      if (stream) return stream_store(o, v);
-    Wd::store(o, v);
+  template <bool kStream>
+  static C10_ALWAYS_INLINE void put(scalar_t* o, const Vec& v) {
+    if constexpr (kStream && std::is_same_v<scalar_t, float>)
+      stream_store(o, v);
+    else
+      Wd::store(o, v);
   }
 
   // ---- disjoint cells
-  // One cell, channels [d0, d1) in whole vectors: argmax, then dy where the position matches
-  // and 0 elsewhere, without reading x again. A row's columns are stored last to first, so a
-  // repeated column's 0 is overwritten by its real column.
-  template <int RH, int CW>
-  bool cell_vectors(int64_t b, int64_t i, int64_t j, int64_t d0, int64_t d1) const {
-    const int64_t r0 = g.rows.start[i], c0 = g.cols.start[j];
-    const int64_t rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
-    const int64_t last = g.cols.end[j] - c0;  // the cell's last column, relative to c0
+  // NV channel vectors [d, d + NV * L) of one cell: argmaxes, then dy where the position
+  // matches and 0 elsewhere, without reading x again. A row's columns are stored last to
+  // first, so a repeated column's 0 is overwritten by its real column. Returns the lanes whose
+  // maximum differs from orig_output.
+  template <int RH, int CW, int NV, bool kStream>
+  C10_ALWAYS_INLINE int cell_vectors(const scalar_t* xc, const scalar_t* yc, const scalar_t* gc,
+                                     scalar_t* o, int64_t rh, int64_t last, int64_t stride,
+                                     int64_t row, int64_t pixel, int64_t orow,
+                                     int64_t opixel) const {
     const int64_t cw = CW > 0 ? CW : last + 1;
-    auto col = [last](int64_t w) { return CW > 0 ? std::min(w, last) : w; };
-    // Locals: vector stores may alias anything, so members would be reloaded after each one.
-    const int64_t cell = ((b * OH + i) * OW + j) * C, row = sH, pixel = sW, opixel = C,
-                  orow = W * C, stride = CW > 0 ? CW : cw_max;
-    const scalar_t* xc = x + b * sN + r0 * sH + c0 * sW;
-    const scalar_t *yc = y + cell, *gc = dy + cell;
-    scalar_t* o = dx + ((b * H + r0) * W + c0) * C;
+    Vec best[NV], at[NV], grad[NV];
+    cell_argmaxes<RH, CW, NV>(xc, rh, last, stride, row, pixel, best, at);
     int mismatch = 0;
-    for (int64_t d = d0; d < d1; d += L) {
-      Vec best, at;
-      cell_argmax<RH, CW>(xc + d, rh, last, stride, row, pixel, best, at);
-      mismatch |= (best == Wd::load(yc + d)).zero_mask();
-      const Vec grad = Vec(A(0)) + Wd::load(gc + d);  // 0 + dy as TF's scatter-add: -0 -> +0
+    for (int k = 0; k < NV; ++k) {
+      mismatch |= (best[k] == Wd::load(yc + k * L)).zero_mask();
+      grad[k] = Vec(A(0)) + Wd::load(gc + k * L);  // 0 + dy as TF's scatter-add: -0 -> +0
+    }
 #pragma GCC unroll 4
-      for (int64_t h = 0; h < rh; ++h) {
-        Vec out[CW > 0 ? CW : 1];
+    for (int64_t h = 0; h < rh; ++h) {
 #pragma GCC unroll 4
-        for (int64_t w = 0; w < cw; ++w) {
-          out[CW > 0 ? w : 0] = grad & (at == Vec(static_cast<A>(h * stride + w)));
-          if (CW == 0) store(o + h * orow + w * opixel + d, out[0]);
-        }
+      for (int64_t w = cw - 1; w >= 0; --w) {
+        const Vec here(static_cast<A>(h * stride + w));
+        scalar_t* out = o + h * orow + (CW > 0 ? std::min(w, last) : w) * opixel;
 #pragma GCC unroll 4
-        for (int64_t w = cw - 1; CW > 0 && w >= 0; --w)
-          store(o + h * orow + col(w) * opixel + d, out[CW > 0 ? w : 0]);
+        for (int k = 0; k < NV; ++k) put<kStream>(out + k * L, grad[k] & (at[k] == here));
       }
+    }
+    return mismatch;
+  }
+
+  // One row of cells in order, channels [0, dv) in groups of up to four vectors, swept as
+  // cw_max columns. (Visiting disjoint cells grouped by width instead, each group with its
+  // exact width, saves the repeated columns but is slower on inputs beyond L2: the hardware
+  // prefetchers lose the row streams.) The row's invariants stay in locals: vector stores may
+  // alias anything, so members would be reloaded after each one.
+  template <int RH, int CW, bool kStream>
+  bool cells_of_row(int64_t b, int64_t i, int64_t dv) const {
+    const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
+    const int64_t row = sH, pixel = sW, c = C, orow = W * C, stride = CW > 0 ? CW : cw_max;
+    const int64_t* starts = g.cols.start.data();
+    const int64_t* ends = g.cols.end.data();
+    const scalar_t* xr = x + b * sN + r0 * sH;
+    const scalar_t* yr = y + (b * OH + i) * OW * C;
+    const scalar_t* gr = dy + (b * OH + i) * OW * C;
+    scalar_t* orr = dx + (b * H + r0) * W * C;
+    int mismatch = 0;
+    for (int64_t j = 0, n = OW; j < n; ++j) {
+      const int64_t c0 = starts[j], last = ends[j] - c0;
+      const scalar_t *xc = xr + c0 * pixel, *yc = yr + j * c, *gc = gr + j * c;
+      scalar_t* o = orr + c0 * c;
+      int64_t d = 0;
+      for (; d + 4 * L <= dv; d += 4 * L)
+        mismatch |= cell_vectors<RH, CW, 4, kStream>(xc + d, yc + d, gc + d, o + d, rh, last,
+                                                     stride, row, pixel, orow, c);
+      if (d + 2 * L <= dv) {
+        mismatch |= cell_vectors<RH, CW, 2, kStream>(xc + d, yc + d, gc + d, o + d, rh, last,
+                                                     stride, row, pixel, orow, c);
+        d += 2 * L;
+      }
+      if (d < dv)
+        mismatch |= cell_vectors<RH, CW, 1, kStream>(xc + d, yc + d, gc + d, o + d, rh, last,
+                                                     stride, row, pixel, orow, c);
     }
     return mismatch == 0;
   }
-
-  // One row of cells in order, channels [d0, d1), swept as cw_max columns. (Visiting
-  // disjoint cells grouped by width instead, each group with its exact width, saves the
-  // repeated columns but is slower on inputs beyond L2: the hardware prefetchers lose the row
-  // streams.)
   template <int RH, int CW>
-  bool cells_of_row(int64_t b, int64_t i, int64_t d0, int64_t dv) const {
-    bool ok = true;
-    for (int64_t j = 0; j < OW; ++j) ok &= cell_vectors<RH, CW>(b, i, j, d0, dv);
-    return ok;
+  bool cells_of_row(int64_t b, int64_t i, int64_t dv) const {
+    return stream ? cells_of_row<RH, CW, true>(b, i, dv) : cells_of_row<RH, CW, false>(b, i, dv);
   }
   template <int RH>
-  bool cell_row(int64_t b, int64_t i, int64_t d0, int64_t dv) const {
+  bool cell_row(int64_t b, int64_t i, int64_t dv) const {
     switch (cw_max) {
-      case 1: return cells_of_row<RH, 1>(b, i, d0, dv);
-      case 2: return cells_of_row<RH, 2>(b, i, d0, dv);
-      case 3: return cells_of_row<RH, 3>(b, i, d0, dv);
-      default: return cells_of_row<0, 0>(b, i, d0, dv);
+      case 1: return cells_of_row<RH, 1>(b, i, dv);
+      case 2: return cells_of_row<RH, 2>(b, i, dv);
+      case 3: return cells_of_row<RH, 3>(b, i, dv);
+      default: return cells_of_row<0, 0>(b, i, dv);
     }
   }
 
   // ---- overlapping cells
   // Argmaxes of cell row i, channels [d0, d1) in whole vectors, into pos[OW][d1 - d0].
+  template <int RH, int CW, int NV>
+  C10_ALWAYS_INLINE int argmax_vectors(const scalar_t* xc, const scalar_t* yc, A* pos, int64_t rh,
+                                       int64_t last, int64_t stride, int64_t row,
+                                       int64_t pixel) const {
+    Vec best[NV], at[NV];
+    cell_argmaxes<RH, CW, NV>(xc, rh, last, stride, row, pixel, best, at);
+    int mismatch = 0;
+    for (int k = 0; k < NV; ++k) {
+      at[k].store(pos + k * L);
+      mismatch |= (best[k] == Wd::load(yc + k * L)).zero_mask();
+    }
+    return mismatch;
+  }
   template <int RH, int CW>
   bool argmax_cells(int64_t b, int64_t i, int64_t d0, int64_t d1, A* pos) const {
     const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
@@ -221,14 +273,18 @@ struct MaxGradPass {
     int mismatch = 0;
     for (int64_t j = 0; j < OW; ++j) {
       const int64_t c0 = g.cols.start[j], last = g.cols.end[j] - c0;
-      const scalar_t* xc = x + b * sN + r0 * row + c0 * pixel;
-      const scalar_t* yc = y + ((b * OH + i) * OW + j) * C;
-      for (int64_t d = d0; d < d1; d += L) {
-        Vec best, at;
-        cell_argmax<RH, CW>(xc + d, rh, last, stride, row, pixel, best, at);
-        at.store(pos + j * nd + (d - d0));
-        mismatch |= (best == Wd::load(yc + d)).zero_mask();
+      const scalar_t* xc = x + b * sN + r0 * row + c0 * pixel + d0;
+      const scalar_t* yc = y + ((b * OH + i) * OW + j) * C + d0;
+      A* pj = pos + j * nd;
+      int64_t d = 0;
+      for (; d + 4 * L <= nd; d += 4 * L)
+        mismatch |= argmax_vectors<RH, CW, 4>(xc + d, yc + d, pj + d, rh, last, stride, row, pixel);
+      if (d + 2 * L <= nd) {
+        mismatch |= argmax_vectors<RH, CW, 2>(xc + d, yc + d, pj + d, rh, last, stride, row, pixel);
+        d += 2 * L;
       }
+      if (d < nd)
+        mismatch |= argmax_vectors<RH, CW, 1>(xc + d, yc + d, pj + d, rh, last, stride, row, pixel);
     }
     return mismatch == 0;
   }
@@ -244,7 +300,7 @@ struct MaxGradPass {
   // dx row h of image b, channels d0 + [0, nd): each element is 0 plus, in TF's cell order,
   // dy of each covering cell whose argmax it is. Cell rows ia and ib cover the row (kTwo: two
   // of them, and h is ib's first row); their argmaxes are in the ring. NV > 0: nd = NV * L.
-  template <bool kTwo, int NV>
+  template <bool kTwo, int NV, bool kStream>
   void gather_row(int64_t b, int64_t h, int64_t d0, int64_t nd_, const A* ring) const {
     const int64_t nd = NV > 0 ? NV * L : nd_;
     const int64_t ia = g.rows.first[h], ib = g.rows.last[h], cells = OW * nd, c = C;
@@ -266,14 +322,20 @@ struct MaxGradPass {
           acc = acc + (Wd::load(gb + ag + d) & (Vec::loadu(pb + a + d) == ka));
           acc = acc + (Wd::load(gb + bg + d) & (Vec::loadu(pb + bb + d) == kb));
         }
-        store(o + d, acc);
+        put<kStream>(o + d, acc);
       }
     }
   }
   template <int NV>
   void gather_rows(int64_t b, int64_t h, int64_t d0, int64_t nd, const A* ring) const {
-    if (g.rows.first[h] == g.rows.last[h]) gather_row<false, NV>(b, h, d0, nd, ring);
-    if (g.rows.first[h] < g.rows.last[h]) gather_row<true, NV>(b, h, d0, nd, ring);
+    const bool two = g.rows.first[h] < g.rows.last[h];
+    if (g.rows.first[h] > g.rows.last[h]) return;  // no cell covers the row
+    if (stream)
+      two ? gather_row<true, NV, true>(b, h, d0, nd, ring)
+          : gather_row<false, NV, true>(b, h, d0, nd, ring);
+    else
+      two ? gather_row<true, NV, false>(b, h, d0, nd, ring)
+          : gather_row<false, NV, false>(b, h, d0, nd, ring);
   }
 
   // Image b, channels [d0, d1) in whole vectors.
@@ -353,10 +415,10 @@ struct MaxGradPass {
     if constexpr (!std::is_integral_v<scalar_t>) {  // integers: scalars only
       if (dv == 0) return ok;
       switch (g.rows.count(i)) {
-        case 1: return cell_row<1>(b, i, 0, dv) && ok;
-        case 2: return cell_row<2>(b, i, 0, dv) && ok;
-        case 3: return cell_row<3>(b, i, 0, dv) && ok;
-        default: return cell_row<0>(b, i, 0, dv) && ok;
+        case 1: return cell_row<1>(b, i, dv) && ok;
+        case 2: return cell_row<2>(b, i, dv) && ok;
+        case 3: return cell_row<3>(b, i, dv) && ok;
+        default: return cell_row<0>(b, i, dv) && ok;
       }
     }
     return ok;
