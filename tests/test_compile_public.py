@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_tfgrads as T
+from helpers import DEVICES
 
 
 def _bn():
@@ -147,3 +148,43 @@ def test_compiles_fullgraph_dynamic(name):
             torch.testing.assert_close(a, b)
         else:
             assert a == b
+
+
+def _reduce_overhead_models(device):
+    """Models with a cudagraph-safe op before and after each host-randomness op."""
+    params = torch.randn(int(T.cudnn_rnn_params_size(2, 6, 4, "lstm")), device=device) * 0.3
+    h = torch.zeros(2, 3, 6, device=device)
+
+    def pool(x, seed):  # seed 0: TF draws new sequences on every call
+        out, rows, cols = T.fractional_max_pool(
+            x * 2, [1, 1.5, 1.5, 1], True, True, seed > 0, seed, seed
+        )
+        return out.relu() + 1, rows, cols
+
+    def lstm(x, seed):  # dropout between the two layers; seed 0: a new mask on every call
+        y, hy, cy, _, _ = T.cudnn_rnn_v3(
+            x + 1, h, h, params, dropout=0.5, seed=seed, seed2=seed, is_training=True
+        )
+        return y * 2, hy, cy
+
+    return {
+        "fractional_max_pool": (pool, torch.randn(2, 64, 64, 3, device=device)),
+        "cudnn_rnn_v3": (lstm, torch.randn(5, 3, 4, device=device)),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model", ["fractional_max_pool", "cudnn_rnn_v3"])
+def test_reduce_overhead_runs_host_randomness_outside_cuda_graphs(model, device):
+    """torch.compile(mode="reduce-overhead") records CUDA graphs; the cudagraph_unsafe ops run
+    outside them (Inductor partitions the graph around them). Fixed seeds: every call equals
+    eager. Zero seeds: every call draws anew, where a recorded graph would replay one draw. (On
+    the CPU there are no CUDA graphs: the same checks of the compiled model.)"""
+    torch._dynamo.reset()
+    fn, x = _reduce_overhead_models(device)[model]
+    compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # the first calls warm up and record, the later ones replay
+        for got, want in zip(compiled(x, 7), fn(x, 7)):
+            assert torch.equal(got, want)
+    draws = {tuple(t.flatten().tolist()) for t in (compiled(x, 0)[0] for _ in range(4))}
+    assert len(draws) == 4  # all different
