@@ -57,6 +57,19 @@ def test_fractional_pool_bodies_equal_cpu_kernels(dtype, shape, ratios, overlapp
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 3, 600, 8), (2, 4, 5, 2056)], ids=["chunks", "wide"])
+def test_max_grad_chunks_of_cells(shape, dtype):
+    """The CPU max gradient sweeps a row's disjoint cells in chunks (the argmaxes of a chunk,
+    then its stores): several chunks per row (8 channels, 416 cells), and channels beyond one
+    chunk's buffer (2056)."""
+    x = _value(shape, dtype, seed=3)
+    out, rows, cols = T.fractional_max_pool(x, [1, 1.44, 1.44, 1], False, False, True, 1, 2)
+    dy = _value(out.shape, dtype, seed=4)
+    want = cells("max_grad", [x, out, dy], rows, cols, [], False)
+    assert torch.equal(T.fractional_max_pool_grad(x, out, dy, rows, cols, False), want)
+
+
 def test_fractional_pool_bodies_strided_input_and_mismatch():
     x = _value((2, 30, 30, 8), torch.float32, 1).permute(0, 2, 1, 3)  # other H/W strides
     out, rows, cols = T.fractional_max_pool(x, [1, 1.5, 1.5, 1], True, True, True, 1, 2)

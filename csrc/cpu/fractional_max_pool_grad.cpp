@@ -171,22 +171,47 @@ struct MaxGradPass {
       Wd::store(o, v);
   }
 
-  // ---- disjoint cells
-  // NV channel vectors [d, d + NV * L) of one cell: argmaxes, then dy where the position
-  // matches and 0 elsewhere, without reading x again. A row's columns are stored last to
-  // first, so a repeated column's 0 is overwritten by its real column. Returns the lanes whose
-  // maximum differs from orig_output.
-  template <int RH, int CW, int NV, bool kStream>
-  C10_ALWAYS_INLINE int cell_vectors(const scalar_t* xc, const scalar_t* yc, const scalar_t* gc,
-                                     scalar_t* o, int64_t rh, int64_t last, int64_t stride,
-                                     int64_t row, int64_t pixel, int64_t orow,
-                                     int64_t opixel) const {
-    const int64_t cw = CW > 0 ? CW : last + 1;
-    Vec best[NV], at[NV], grad[NV];
+  // Calls f(d, nv) for the channel vectors [0, dv) in groups of nv = 4, 2 or 1 vectors
+  // (std::integral_constant).
+  template <typename F>
+  static C10_ALWAYS_INLINE void for_vector_groups(int64_t dv, const F& f) {
+    int64_t d = 0;
+    for (; d + 4 * L <= dv; d += 4 * L) f(d, std::integral_constant<int, 4>{});
+    if (d + 2 * L <= dv) {
+      f(d, std::integral_constant<int, 2>{});
+      d += 2 * L;
+    }
+    if (d < dv) f(d, std::integral_constant<int, 1>{});
+  }
+
+  // NV channel vectors of one cell: the argmaxes into pos; returns the lanes whose maximum
+  // differs from orig_output.
+  template <int RH, int CW, int NV>
+  C10_ALWAYS_INLINE int argmax_vectors(const scalar_t* xc, const scalar_t* yc, A* pos, int64_t rh,
+                                       int64_t last, int64_t stride, int64_t row,
+                                       int64_t pixel) const {
+    Vec best[NV], at[NV];
     cell_argmaxes<RH, CW, NV>(xc, rh, last, stride, row, pixel, best, at);
     int mismatch = 0;
     for (int k = 0; k < NV; ++k) {
+      at[k].store(pos + k * L);
       mismatch |= (best[k] == Wd::load(yc + k * L)).zero_mask();
+    }
+    return mismatch;
+  }
+
+  // ---- disjoint cells
+  // NV channel vectors of one cell from its argmaxes (pos): dy where the position matches and
+  // 0 elsewhere. A row's columns are stored last to first, so a repeated column's 0 is
+  // overwritten by its real column.
+  template <int CW, int NV, bool kStream>
+  static C10_ALWAYS_INLINE void write_vectors(const A* pos, const scalar_t* gc, scalar_t* o,
+                                              int64_t rh, int64_t last, int64_t stride,
+                                              int64_t orow, int64_t opixel) {
+    const int64_t cw = CW > 0 ? CW : last + 1;
+    Vec at[NV], grad[NV];
+    for (int k = 0; k < NV; ++k) {
+      at[k] = Vec::loadu(pos + k * L);
       grad[k] = Vec(A(0)) + Wd::load(gc + k * L);  // 0 + dy as TF's scatter-add: -0 -> +0
     }
 #pragma GCC unroll 4
@@ -199,14 +224,17 @@ struct MaxGradPass {
         for (int k = 0; k < NV; ++k) put<kStream>(out + k * L, grad[k] & (at[k] == here));
       }
     }
-    return mismatch;
   }
 
-  // One row of cells in order, channels [0, dv) in groups of up to four vectors, swept as
-  // cw_max columns. (Visiting disjoint cells grouped by width instead, each group with its
-  // exact width, saves the repeated columns but is slower on inputs beyond L2: the hardware
-  // prefetchers lose the row streams.) The row's invariants stay in locals: vector stores may
-  // alias anything, so members would be reloaded after each one.
+  // One row of cells in order, channels [0, dv), swept as cw_max columns, in chunks of cells:
+  // first every argmax of the chunk (the loads of x), then every store of dx. x and dx have the
+  // same size, and their addresses often differ by a pixel or two modulo 4 KiB: a load of x
+  // right after a store to dx with the same low 12 address bits waits for that store (4K
+  // aliasing), which cost up to 2x when loads and stores alternated per cell. (Visiting disjoint
+  // cells grouped by width instead, each group with its exact width, saves the repeated columns
+  // but is slower on inputs beyond L2: the hardware prefetchers lose the row streams.) The
+  // row's invariants stay in locals: vector stores may alias anything, so members would be
+  // reloaded after each one.
   template <int RH, int CW, bool kStream>
   bool cells_of_row(int64_t b, int64_t i, int64_t dv) const {
     const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
@@ -217,23 +245,33 @@ struct MaxGradPass {
     const scalar_t* yr = y + (b * OH + i) * OW * C;
     const scalar_t* gr = dy + (b * OH + i) * OW * C;
     scalar_t* orr = dx + (b * H + r0) * W * C;
+    constexpr int64_t kChunk = 2048;  // argmax positions of a chunk of cells (L1-resident)
+    A stack[kChunk];
+    std::vector<A> heap(dv > kChunk ? dv : 0);
+    A* pos = dv > kChunk ? heap.data() : stack;
+    const int64_t per = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, dv));
     int mismatch = 0;
-    for (int64_t j = 0, n = OW; j < n; ++j) {
-      const int64_t c0 = starts[j], last = ends[j] - c0;
-      const scalar_t *xc = xr + c0 * pixel, *yc = yr + j * c, *gc = gr + j * c;
-      scalar_t* o = orr + c0 * c;
-      int64_t d = 0;
-      for (; d + 4 * L <= dv; d += 4 * L)
-        mismatch |= cell_vectors<RH, CW, 4, kStream>(xc + d, yc + d, gc + d, o + d, rh, last,
-                                                     stride, row, pixel, orow, c);
-      if (d + 2 * L <= dv) {
-        mismatch |= cell_vectors<RH, CW, 2, kStream>(xc + d, yc + d, gc + d, o + d, rh, last,
-                                                     stride, row, pixel, orow, c);
-        d += 2 * L;
+    for (int64_t j0 = 0, n = OW; j0 < n; j0 += per) {
+      const int64_t j1 = std::min(n, j0 + per);
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t c0 = starts[j], last = ends[j] - c0;
+        const scalar_t *xc = xr + c0 * pixel, *yc = yr + j * c;
+        A* pj = pos + (j - j0) * dv;
+        for_vector_groups(dv, [&](int64_t d, auto nv) {
+          mismatch |= argmax_vectors<RH, CW, decltype(nv)::value>(xc + d, yc + d, pj + d, rh, last,
+                                                                  stride, row, pixel);
+        });
       }
-      if (d < dv)
-        mismatch |= cell_vectors<RH, CW, 1, kStream>(xc + d, yc + d, gc + d, o + d, rh, last,
-                                                     stride, row, pixel, orow, c);
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t c0 = starts[j], last = ends[j] - c0;
+        const A* pj = pos + (j - j0) * dv;
+        const scalar_t* gc = gr + j * c;
+        scalar_t* o = orr + c0 * c;
+        for_vector_groups(dv, [&](int64_t d, auto nv) {
+          write_vectors<CW, decltype(nv)::value, kStream>(pj + d, gc + d, o + d, rh, last, stride,
+                                                          orow, c);
+        });
+      }
     }
     return mismatch == 0;
   }
@@ -253,19 +291,6 @@ struct MaxGradPass {
 
   // ---- overlapping cells
   // Argmaxes of cell row i, channels [d0, d1) in whole vectors, into pos[OW][d1 - d0].
-  template <int RH, int CW, int NV>
-  C10_ALWAYS_INLINE int argmax_vectors(const scalar_t* xc, const scalar_t* yc, A* pos, int64_t rh,
-                                       int64_t last, int64_t stride, int64_t row,
-                                       int64_t pixel) const {
-    Vec best[NV], at[NV];
-    cell_argmaxes<RH, CW, NV>(xc, rh, last, stride, row, pixel, best, at);
-    int mismatch = 0;
-    for (int k = 0; k < NV; ++k) {
-      at[k].store(pos + k * L);
-      mismatch |= (best[k] == Wd::load(yc + k * L)).zero_mask();
-    }
-    return mismatch;
-  }
   template <int RH, int CW>
   bool argmax_cells(int64_t b, int64_t i, int64_t d0, int64_t d1, A* pos) const {
     const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
@@ -276,15 +301,10 @@ struct MaxGradPass {
       const scalar_t* xc = x + b * sN + r0 * row + c0 * pixel + d0;
       const scalar_t* yc = y + ((b * OH + i) * OW + j) * C + d0;
       A* pj = pos + j * nd;
-      int64_t d = 0;
-      for (; d + 4 * L <= nd; d += 4 * L)
-        mismatch |= argmax_vectors<RH, CW, 4>(xc + d, yc + d, pj + d, rh, last, stride, row, pixel);
-      if (d + 2 * L <= nd) {
-        mismatch |= argmax_vectors<RH, CW, 2>(xc + d, yc + d, pj + d, rh, last, stride, row, pixel);
-        d += 2 * L;
-      }
-      if (d < nd)
-        mismatch |= argmax_vectors<RH, CW, 1>(xc + d, yc + d, pj + d, rh, last, stride, row, pixel);
+      for_vector_groups(nd, [&](int64_t d, auto nv) {
+        mismatch |= argmax_vectors<RH, CW, decltype(nv)::value>(xc + d, yc + d, pj + d, rh, last,
+                                                                stride, row, pixel);
+      });
     }
     return mismatch == 0;
   }
