@@ -275,9 +275,13 @@ struct MaxGradPass {
     }
     return mismatch == 0;
   }
+  // Non-temporal stores exist for float only: the other types compile one variant.
+  static constexpr bool kCanStreamType = std::is_same_v<scalar_t, float>;
   template <int RH, int CW>
   bool cells_of_row(int64_t b, int64_t i, int64_t dv) const {
-    return stream ? cells_of_row<RH, CW, true>(b, i, dv) : cells_of_row<RH, CW, false>(b, i, dv);
+    if constexpr (kCanStreamType)
+      if (stream) return cells_of_row<RH, CW, true>(b, i, dv);
+    return cells_of_row<RH, CW, false>(b, i, dv);
   }
   template <int RH>
   bool cell_row(int64_t b, int64_t i, int64_t dv) const {
@@ -350,12 +354,15 @@ struct MaxGradPass {
   void gather_rows(int64_t b, int64_t h, int64_t d0, int64_t nd, const A* ring) const {
     const bool two = g.rows.first[h] < g.rows.last[h];
     if (g.rows.first[h] > g.rows.last[h]) return;  // no cell covers the row
-    if (stream)
-      two ? gather_row<true, NV, true>(b, h, d0, nd, ring)
-          : gather_row<false, NV, true>(b, h, d0, nd, ring);
-    else
-      two ? gather_row<true, NV, false>(b, h, d0, nd, ring)
-          : gather_row<false, NV, false>(b, h, d0, nd, ring);
+    if constexpr (kCanStreamType) {
+      if (stream) {
+        two ? gather_row<true, NV, true>(b, h, d0, nd, ring)
+            : gather_row<false, NV, true>(b, h, d0, nd, ring);
+        return;
+      }
+    }
+    two ? gather_row<true, NV, false>(b, h, d0, nd, ring)
+        : gather_row<false, NV, false>(b, h, d0, nd, ring);
   }
 
   // Image b, channels [d0, d1) in whole vectors.
