@@ -1,9 +1,10 @@
 // A host emulation of the FusedBatchNorm CUDA reductions in their exact order, for the CPU tests
 // only (tfgrads_test::fused_batch_norm_partials): the same layout choice and launch plan, every
 // thread's pushes, the 8-row merge of a channels-last block, the warp-shuffle tree and warp merge
-// of a channels-first block, then the per-channel merge in double (kMergeGroups rows, then row 0), all with the functions the
-// kernels use (common/fused_batch_norm_cells.h). Returns the partials' element counts
-// [parts, C] and, per channel, [count, mean, M2] (dy given: [sum dy, sum dy * (x - mean)]).
+// of a channels-first block, then the per-channel merge in double (kMergeGroups rows, then row
+// 0), all with the functions the kernels use (common/fused_batch_norm_cells.h). Returns the
+// partials' element counts [parts, C] and, per channel, [count, mean, M2] (dy given: [sum dy,
+// sum dy * (x - mean)]).
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
