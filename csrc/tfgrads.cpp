@@ -21,10 +21,12 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
   try {
     const bool avx512 = torch_tfgrads::avx512_enabled();
     const bool brgemm = torch_tfgrads::rnn_brgemm_available();
-    return Py_BuildValue("{s:O,s:O,s:L}", "avx512_kernels", avx512 ? Py_True : Py_False,
+    const bool batched = torch_tfgrads::rnn_batched_gemms_on_brgemm();
+    return Py_BuildValue("{s:O,s:O,s:L,s:s}", "avx512_kernels", avx512 ? Py_True : Py_False,
                          "rnn_brgemm", brgemm ? Py_True : Py_False,
                          "rnn_brgemm_max_rows_per_thread",
-                         static_cast<long long>(torch_tfgrads::kBrgemmMaxRowsPerThread));
+                         static_cast<long long>(torch_tfgrads::kBrgemmMaxRowsPerThread),
+                         "rnn_batched_gemms", batched ? "brgemm" : "aten");
   } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     return nullptr;
@@ -54,7 +56,7 @@ PyObject* launch_plan(PyObject*, PyObject* args) {
 }
 
 PyMethodDef methods[] = {
-    {"_cpu_paths", cpu_paths, METH_NOARGS, "{'avx512_kernels': bool, 'rnn_brgemm': bool}"},
+    {"_cpu_paths", cpu_paths, METH_NOARGS, "{'avx512_kernels': bool, 'rnn_brgemm': bool, ...}"},
     {"_launch_plan", launch_plan, METH_VARARGS, "(kind, 4 sizes) -> the CUDA launch plan"},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -182,6 +182,29 @@ def test_fused_steps_split_rows_or_blocks(case, threads):
         assert rel_err(a, b) <= 1e-5, name
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+@pytest.mark.parametrize("below", [True, False], ids=["fused", "step_cells"])
+def test_both_sides_of_the_batch_size_rule(mode, below):
+    # From rnn_brgemm_max_rows_per_thread batch rows per thread the CPU op runs its step cells
+    # (ATen's GEMMs, with the weight gradients as one GEMM), below it the fused steps; both in
+    # float32 against the float64 oracle, with lengths (rows past theirs carry h and c).
+    rows = T.cpu.cpu_paths()["rnn_brgemm_max_rows_per_thread"] - (1 if below else 0)
+    lengths = [(3 * b) % 6 + 1 for b in range(rows)]
+    case = Case(mode, 1, 1, T_=6, B=rows, I=12, U=32, lengths=lengths)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, h, c, p, lens = case.tensors(torch.float32, "cpu")
+        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, torch.float32, "cpu")
+        (out, oh, oc), ours = _grads_ours(case, x, h, c, p, lens, dy, dh, dc)
+        (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
+    finally:
+        torch.set_num_threads(before)
+    assert rel_err(out, r_out) <= 1e-5 and rel_err(oh, r_oh) <= 1e-5
+    for name, a, b in zip(["input", "input_h", "params", "input_c"], ours, ref):
+        assert rel_err(a, b) <= 1e-5, name
+
+
 def test_padded_outputs_are_zero_and_states_taken_at_each_length():
     case = Case("lstm", 2, 2, lengths=[6, 2, 4, 1])
     x, h, c, p, lens = case.tensors()

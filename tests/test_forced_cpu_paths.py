@@ -27,6 +27,10 @@ FORCED = {
             "test_depthwise_conv2d_tf.py::test_matches_tensorflow",
             "test_fractional_pool_tf.py::test_bit_exact_with_tensorflow",
             "test_fractional_pool_tf.py::test_grads_negative_zero_like_tensorflow",
+            # the RNN's batched GEMMs go through ATen without our AVX-512 kernels
+            "test_cudnn_rnn_tf.py::test_matches_keras",
+            "test_cudnn_rnn.py::test_fused_steps_split_rows_or_blocks",
+            "test_cudnn_rnn.py::test_both_sides_of_the_batch_size_rule",
         ],
     ),
     "no-brgemm": (
@@ -65,6 +69,7 @@ def test_tensorflow_parity_holds_on_the_forced_path(tf, path):
     paths = _paths(env)
     if path == "avx2":
         assert paths["avx512_kernels"] is False, paths
+        assert paths["rnn_batched_gemms"] == "aten", paths
     else:
         assert paths["rnn_brgemm"] is False, paths
     args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not needs_cuda"]
@@ -81,6 +86,9 @@ def test_cpu_paths_report_the_host():
     assert isinstance(p["avx512_kernels"], bool) and isinstance(p["rnn_brgemm"], bool)
     if p["aten_capability"] != "AVX512":
         assert p["avx512_kernels"] is False
+    # the RNN's batched GEMMs are on BRGEMM exactly where BRGEMM runs with our AVX-512 kernels
+    on_brgemm = p["rnn_brgemm"] and p["avx512_kernels"]
+    assert p["rnn_batched_gemms"] == ("brgemm" if on_brgemm else "aten"), p
     assert T.cpu.describe().startswith(p["cpu"])
 
 

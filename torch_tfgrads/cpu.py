@@ -9,6 +9,9 @@ process at the first use, force a path so that any host can measure and test the
   ``ATEN_CPU_CAPABILITY=avx2`` to turn both off). ``=avx512`` makes their absence an error.
 * ``TFGRADS_DISABLE_BRGEMM=1``: the RNN runs its per-step cells and ATen's GEMMs.
 
+The RNN's batched GEMMs (weight gradients, GRU's input projection) run on BRGEMM only with our
+AVX-512 kernels on; on AVX2 hosts MKL's GEMM, through ATen, is the faster one.
+
 A build without AVX2 (``TFGRADS_CPU_BASELINE=1`` at build time) is the scalar path.
 """
 
@@ -44,9 +47,11 @@ def cpu_model() -> str:
 
 
 def cpu_paths() -> dict:
-    """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "forced"}``: the host, the
-    ISA ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path run, and the
-    forcing environment variables that are set.
+    """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm",
+    "rnn_brgemm_max_rows_per_thread", "rnn_batched_gemms", "forced"}``: the host, the ISA ATen
+    dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path run, the batch rows per
+    thread from which the RNN runs its step cells instead, where the RNN's batched GEMMs run
+    (``"brgemm"`` or ``"aten"``), and the forcing environment variables that are set.
 
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
     without AVX-512)."""
@@ -66,5 +71,6 @@ def describe() -> str:
     return (
         f"{p['cpu']}, {os.cpu_count()} CPUs; ATen {p['aten_capability']}; our AVX-512 kernels "
         f"{'on' if p['avx512_kernels'] else 'off'}; RNN BRGEMM "
-        f"{'on' if p['rnn_brgemm'] else 'off'}; {forced}"
+        f"{'on' if p['rnn_brgemm'] else 'off'} (batched GEMMs: {p['rnn_batched_gemms']}); "
+        f"{forced}"
     )

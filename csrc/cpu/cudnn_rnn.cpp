@@ -4,6 +4,7 @@
 // The per-step cells are in cudnn_rnn_cell.h; the float32 fast path on oneDNN's BRGEMM
 // (fused steps and batched GEMMs) in cudnn_rnn_brgemm.cpp.
 #include <ATen/Dispatch.h>
+#include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -13,6 +14,7 @@
 #include "cpu/cudnn_rnn_brgemm.h"
 #include "cpu/cudnn_rnn_cell.h"
 #include "cpu/isa.h"
+#include "cpu/transpose.h"
 
 namespace torch_tfgrads {
 namespace cudnn_rnn {
@@ -68,6 +70,35 @@ void cell_backward_typed(const Config& cfg, const CellBackward& a) {
   });
 }
 
+// [gW | gR | gb]^T = [x | h_prev | 1]^T dG as one GEMM through ATen (MKL's sgemm on x86),
+// which reads the [T*B, I + Hh + 1] operand transposed in place: dG is read once for all three,
+// where the driver's own fallback runs two GEMMs, a concatenation of h_prev and a column sum.
+bool aten_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
+                       const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
+                       const at::Tensor& gb) {
+  const int64_t T = h.size(0), B = h.size(1), Hh = h.size(2), I = x.size(2), GU = dg.size(2);
+  const int64_t K = T * B, M = I + Hh + 1;
+  if (K == 0) return false;
+  at::Tensor X = at::empty({K, M}, dg.options());
+  X.narrow(1, 0, I).copy_(x.reshape({K, I}));
+  at::Tensor Xh = X.narrow(1, I, Hh);
+  Xh.narrow(0, 0, B).copy_(h0);
+  Xh.narrow(0, B, K - B).copy_(h.reshape({K, Hh}).narrow(0, 0, K - B));
+  X.select(1, M - 1).fill_(1);
+  const at::Tensor tmp = at::mm(X.t(), dg.reshape({K, GU}));  // [M, GU]
+  auto transpose_into = [&](const at::Tensor& dst, int64_t row0, int64_t rows) {
+    const at::Tensor src = tmp.narrow(0, row0, rows);
+    if (dst.scalar_type() == at::kFloat && dst.stride(1) == 1)
+      transpose(rows, GU, src.data_ptr<float>(), GU, dst.data_ptr<float>(), dst.stride(0));
+    else
+      dst.copy_(src.t());
+  };
+  transpose_into(gW, 0, I);
+  transpose_into(gR, I, Hh);
+  gb.copy_(tmp.select(0, M - 1));
+  return true;
+}
+
 void cell_forward(const Config& cfg, const CellForward& a) {
   AT_DISPATCH_FLOATING_TYPES(a.gx.scalar_type(), "cudnn_rnn_cell_forward",
                              [&] { cell_forward_typed<scalar_t>(cfg, a); });
@@ -78,12 +109,18 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
                              [&] { cell_backward_typed<scalar_t>(cfg, a); });
 }
 
-constexpr CellKernels kCpuStepCells{&cell_forward, &cell_backward};
+// The step cells with ATen's GEMMs; the fused steps on oneDNN's BRGEMM with the batched GEMMs
+// on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h).
+constexpr CellKernels kCpuStepCells{&cell_forward, &cell_backward, nullptr,
+                                    nullptr,       nullptr,        &aten_weight_grads};
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
                                 &backward_direction, &cpu_matmul,    &cpu_weight_grads};
+constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,       &cell_backward, &forward_direction,
+                                         &backward_direction, nullptr,        &aten_weight_grads};
 #else
 constexpr CellKernels kCpuCells = kCpuStepCells;
+constexpr CellKernels kCpuCellsAtenGemms = kCpuStepCells;
 #endif
 
 // The BRGEMM pieces pay off while each thread has few batch rows; from 32 rows per thread the
@@ -102,7 +139,9 @@ ForwardResult cpu_forward(const at::Tensor& input, const at::Tensor& input_h,
                           c10::string_view input_mode, c10::string_view direction, double dropout,
                           int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
                           bool time_major) {
-  auto op = use_brgemm(input, time_major) ? &forward_op<kCpuCells> : &forward_op<kCpuStepCells>;
+  auto op = !use_brgemm(input, time_major) ? &forward_op<kCpuStepCells>
+             : rnn_batched_gemms_on_brgemm()  ? &forward_op<kCpuCells>
+                                              : &forward_op<kCpuCellsAtenGemms>;
   return op(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode, direction,
             dropout, seed, seed2, num_proj, is_training, time_major);
 }
@@ -116,7 +155,9 @@ BackwardResult cpu_backward(const at::Tensor& input, const at::Tensor& input_h,
                             const at::Tensor& host_reserved, c10::string_view rnn_mode,
                             c10::string_view input_mode, c10::string_view direction, double dropout,
                             int64_t seed, int64_t seed2, int64_t num_proj, bool time_major) {
-  auto op = use_brgemm(input, time_major) ? &backward_op<kCpuCells> : &backward_op<kCpuStepCells>;
+  auto op = !use_brgemm(input, time_major) ? &backward_op<kCpuStepCells>
+             : rnn_batched_gemms_on_brgemm()  ? &backward_op<kCpuCells>
+                                              : &backward_op<kCpuCellsAtenGemms>;
   return op(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
             output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
             rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major);

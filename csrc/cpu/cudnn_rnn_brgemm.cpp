@@ -18,6 +18,7 @@
 
 #include "cpu/cudnn_rnn_cell.h"
 #include "cpu/isa.h"
+#include "cpu/transpose.h"
 
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 namespace torch_tfgrads {
@@ -61,35 +62,6 @@ int64_t unit_block(const Config& cfg, bool forward, bool own_rows) {
   for (int64_t ub : sizes)
     if (cfg.U % ub == 0 && cfg.G * ub % 16 == 0) return ub;
   return cfg.U % 8 == 0 ? 8 : 0;
-}
-
-// dst[N, M] = src[M, N]^T, both row-major with leading dimensions, in 8x8 register transposes.
-void transpose_block(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst,
-                     int64_t ld_dst) {
-  for (int64_t i = 0; i < M; i += 8)
-    for (int64_t j = 0; j < N; j += 8) {
-      const float* s = src + i * ld_src + j;
-      float* d = dst + j * ld_dst + i;
-      if (i + 8 <= M && j + 8 <= N)
-        at::vec::transpose_mxn<float, 8, 8>(s, ld_src, d, ld_dst);
-      else
-        at::vec::transpose_mxn<float>(s, ld_src, d, ld_dst, std::min<int64_t>(8, M - i),
-                                      std::min<int64_t>(8, N - j));
-    }
-}
-
-// The same in 64x64 blocks over the threads. ATen's transposing copies run on one thread, far
-// below the memory bandwidth, and were a large part of the weight gradients' GEMMs below.
-void transpose(int64_t M, int64_t N, const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
-  constexpr int64_t kBlock = 64;
-  const int64_t bm = (M + kBlock - 1) / kBlock, bn = (N + kBlock - 1) / kBlock;
-  at::parallel_for(0, bm * bn, 4, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t i = blk / bn * kBlock, j = blk % bn * kBlock;
-      transpose_block(std::min(kBlock, M - i), std::min(kBlock, N - j), src + i * ld_src + j,
-                      ld_src, dst + j * ld_dst + i, ld_dst);
-    }
-  });
 }
 
 // The gate columns of block j as one [K, N = G*ub] operand: P[j][k][g][ul] = M[g*U + j*ub + ul][k]
@@ -139,8 +111,9 @@ void over_rows_or_blocks(int64_t B, const F& steps) {
 
 // C[M,N] (+)= A[M,K] B[K,N] (+ bias[N] on every row): A and C row-major with leading
 // dimensions, B's element (k, n) at B[k * sbk + n * sbn], in 64x64 tiles over the threads, K in
-// chunks that keep a tile's operands in L2. oneDNN's brgemm runs near the core's peak here where
-// MKL's generic path for this CPU does not. A transposed B (the input weights W^T of the
+// chunks that keep a tile's operands in L2. With AVX-512 oneDNN's brgemm runs near the core's
+// peak here where MKL's path for AMD CPUs (AVX2 code) does not; on AVX2 hosts MKL is the faster
+// and the batched GEMMs go through ATen (rnn_batched_gemms_on_brgemm). A transposed B (the input weights W^T of the
 // projection) is copied panel by panel, kChunk x 64 at a time, into a row-major buffer: the
 // tiles are walked column by column, so a thread copies each panel once for all its row tiles
 // of that column, instead of a whole transposed copy of W per call. (Copying row-major panels
@@ -458,4 +431,7 @@ bool rnn_brgemm_available() {
   return false;
 #endif
 }
+
+bool rnn_batched_gemms_on_brgemm() { return rnn_brgemm_available() && avx512_enabled(); }
+
 }  // namespace torch_tfgrads
