@@ -139,9 +139,9 @@ ForwardResult cpu_forward(const at::Tensor& input, const at::Tensor& input_h,
                           c10::string_view input_mode, c10::string_view direction, double dropout,
                           int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
                           bool time_major) {
-  auto op = !use_brgemm(input, time_major) ? &forward_op<kCpuStepCells>
-             : rnn_batched_gemms_on_brgemm()  ? &forward_op<kCpuCells>
-                                              : &forward_op<kCpuCellsAtenGemms>;
+  auto op = !use_brgemm(input, time_major)  ? &forward_op<kCpuStepCells>
+            : rnn_batched_gemms_on_brgemm() ? &forward_op<kCpuCells>
+                                            : &forward_op<kCpuCellsAtenGemms>;
   return op(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode, direction,
             dropout, seed, seed2, num_proj, is_training, time_major);
 }
@@ -155,9 +155,9 @@ BackwardResult cpu_backward(const at::Tensor& input, const at::Tensor& input_h,
                             const at::Tensor& host_reserved, c10::string_view rnn_mode,
                             c10::string_view input_mode, c10::string_view direction, double dropout,
                             int64_t seed, int64_t seed2, int64_t num_proj, bool time_major) {
-  auto op = !use_brgemm(input, time_major) ? &backward_op<kCpuStepCells>
-             : rnn_batched_gemms_on_brgemm()  ? &backward_op<kCpuCells>
-                                              : &backward_op<kCpuCellsAtenGemms>;
+  auto op = !use_brgemm(input, time_major)  ? &backward_op<kCpuStepCells>
+            : rnn_batched_gemms_on_brgemm() ? &backward_op<kCpuCells>
+                                            : &backward_op<kCpuCellsAtenGemms>;
   return op(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
             output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
             rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major);
