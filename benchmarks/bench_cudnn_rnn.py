@@ -166,7 +166,9 @@ def main():
     else:
         paths = T.cpu.cpu_paths()
         # the step cells from rnn_brgemm_max_rows_per_thread batch rows per thread on
-        brgemm_below = paths["rnn_brgemm_max_rows_per_thread"] * torch.get_num_threads()
+        # (None: the fused steps at every batch size)
+        rows = paths["rnn_brgemm_max_rows_per_thread"]
+        brgemm_below = float("inf") if rows is None else rows * torch.get_num_threads()
         where, peers = f"{common.THREADS} threads", "Keras in a tf.function"
     print(
         f"CudnnRNN forward+backward, float32, 1 layer, {where}, torch {torch.__version__}, TF "

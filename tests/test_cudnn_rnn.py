@@ -164,7 +164,8 @@ def test_matches_torch_nn(case, dtype, tol, device):
 )
 def test_fused_steps_split_rows_or_blocks(case, threads):
     # float32's fused steps split batch rows over the threads when each gets >= 8 rows (19
-    # rows: 10 + 9), else each step's unit blocks; one thread does all. Same numbers each way.
+    # rows: 10 + 9) with AVX-512, else each step's unit blocks; one thread does all. Same
+    # numbers each way.
     # (Unidirectional: the two directions of a bidirectional layer run one per thread.)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -185,10 +186,12 @@ def test_fused_steps_split_rows_or_blocks(case, threads):
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 @pytest.mark.parametrize("below", [True, False], ids=["fused", "step_cells"])
 def test_both_sides_of_the_batch_size_rule(mode, below):
-    # From rnn_brgemm_max_rows_per_thread batch rows per thread the CPU op runs its step cells
-    # (ATen's GEMMs, with the weight gradients as one GEMM), below it the fused steps; both in
+    # With AVX-512, from rnn_brgemm_max_rows_per_thread batch rows per thread the CPU op runs its
+    # step cells (ATen's GEMMs, with the weight gradients as one GEMM), below it the fused steps
+    # (on AVX2 the fused steps at both sizes, the threads splitting each step's unit blocks); in
     # float32 against the float64 oracle, with lengths (rows past theirs carry h and c).
-    rows = T.cpu.cpu_paths()["rnn_brgemm_max_rows_per_thread"] - (1 if below else 0)
+    limit = T.cpu.cpu_paths()["rnn_brgemm_max_rows_per_thread"] or 32
+    rows = limit - (1 if below else 0)
     lengths = [(3 * b) % 6 + 1 for b in range(rows)]
     case = Case(mode, 1, 1, T_=6, B=rows, I=12, U=32, lengths=lengths)
     before = torch.get_num_threads()

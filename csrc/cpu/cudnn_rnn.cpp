@@ -123,14 +123,17 @@ constexpr CellKernels kCpuCells = kCpuStepCells;
 constexpr CellKernels kCpuCellsAtenGemms = kCpuStepCells;
 #endif
 
-// The BRGEMM pieces pay off while each thread has few batch rows; from 32 rows per thread the
-// step cells with ATen's GEMMs are faster, LSTM and GRU alike (interleaved A/B in one process,
-// docs/perf-notes/cudnn_rnn.md). A forward and its backward see the same batch, so they take the
-// same path.
+// With AVX-512, where each thread owns its batch rows in the fused steps, the BRGEMM pieces pay
+// off while each thread has few rows; from 32 rows per thread the step cells with ATen's GEMMs
+// are faster, LSTM and GRU alike (measured on the AVX2 host before its threads split the blocks
+// instead; docs/perf-notes/cudnn_rnn.md). A forward and its backward see the same batch, so they
+// take the same path.
 bool use_brgemm(const at::Tensor& input, bool time_major) {
   if (input.dim() != 3) return true;  // the checks raise
+  const int64_t rows = rnn_step_cells_from_rows_per_thread();
+  if (rows == 0) return true;
   const int64_t batch = input.size(time_major ? 1 : 0);
-  return batch < kBrgemmMaxRowsPerThread * std::max(1, at::get_num_threads());
+  return batch < rows * std::max(1, at::get_num_threads());
 }
 
 ForwardResult cpu_forward(const at::Tensor& input, const at::Tensor& input_h,

@@ -40,25 +40,32 @@ bool brgemm_usable() {
 }
 
 // Whether each thread runs all steps for its own batch rows (see over_rows_or_blocks): one
-// thread, or at least kMinRows rows per thread.
+// thread, or, with AVX-512, at least kMinRows rows per thread. On AVX2 hosts the threads always
+// split each step's blocks: there each thread then streams half the weights per step from the L3
+// instead of all of them, and at every benchmark shape that was faster (LSTM 20,64,256,512
+// forward + backward 106 against 140 ms, 50,32,128,256 39 against 41; docs/perf-notes).
 constexpr int64_t kMinRows = 8;
 bool threads_own_rows(int64_t B) {
   const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
-  return nt == 1 || B >= kMinRows * nt;
+  return nt == 1 || (avx512_enabled() && B >= kMinRows * nt);
 }
 
-// Units per block of the fused steps (0: the fused path does not apply). When a thread owns its
-// rows, wide blocks (ub 64) give the block GEMMs the most work per call (128 gains nothing
-// more); when the threads split the blocks, narrower ones keep them all busy (ub 8 for the
-// LSTM forward, whose 32-column GEMM then fits its R panel in L1). GRU's forward stays at 16
-// (48 gate columns; narrower is slower, wider no faster).
+// Units per block of the fused steps (0: the fused path does not apply). With AVX-512: when a
+// thread owns its rows, wide blocks (ub 64) give the block GEMMs the most work per call (128
+// gains nothing more); when the threads split the blocks, narrower ones keep them all busy (ub 8
+// for the LSTM forward, whose 32-column GEMM then fits its R panel in L1); GRU's forward stays at
+// 16 (48 gate columns; narrower is slower, wider no faster). On AVX2 (16 vector registers, half
+// the L2 of the AVX-512 host) the forward's narrow blocks of 8 units were the fastest in either
+// mode, GRU's too (LSTM 50,32,128,256 bidirectional, one thread per direction: 66 against 72 ms
+// with 64-unit blocks).
 int64_t unit_block(const Config& cfg, bool forward, bool own_rows) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
   const bool gru = cfg.mode == Mode::kGru;
-  const std::vector<int64_t> sizes = !forward   ? std::vector<int64_t>{64, 32, 16}
-                                     : gru      ? std::vector<int64_t>{16}
-                                     : own_rows ? std::vector<int64_t>{64, 32, 16}
-                                                : std::vector<int64_t>{8, 16};
+  const std::vector<int64_t> sizes = !forward            ? std::vector<int64_t>{64, 32, 16}
+                                     : !avx512_enabled() ? std::vector<int64_t>{8}
+                                     : gru               ? std::vector<int64_t>{16}
+                                     : own_rows          ? std::vector<int64_t>{64, 32, 16}
+                                                         : std::vector<int64_t>{8, 16};
   for (int64_t ub : sizes)
     if (cfg.U % ub == 0 && cfg.G * ub % 16 == 0) return ub;
   return cfg.U % 8 == 0 ? 8 : 0;
@@ -433,5 +440,9 @@ bool rnn_brgemm_available() {
 }
 
 bool rnn_batched_gemms_on_brgemm() { return rnn_brgemm_available() && avx512_enabled(); }
+
+int64_t rnn_step_cells_from_rows_per_thread() {
+  return avx512_enabled() ? kBrgemmMaxRowsPerThread : 0;
+}
 
 }  // namespace torch_tfgrads

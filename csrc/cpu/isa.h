@@ -39,7 +39,10 @@ bool rnn_brgemm_available();
 bool rnn_batched_gemms_on_brgemm();
 
 // Batch rows per thread from which the RNN runs its step cells even where BRGEMM is available
-// (cpu/cudnn_rnn.cpp): torch_tfgrads.cpu.cpu_paths() reports it.
+// (cpu/cudnn_rnn.cpp), when each thread owns its rows in the fused steps (with AVX-512); 0 where
+// the fused steps run at every batch size (AVX2: the threads split each step's unit blocks).
+// torch_tfgrads.cpu.cpu_paths() reports it.
 constexpr int64_t kBrgemmMaxRowsPerThread = 32;
+int64_t rnn_step_cells_from_rows_per_thread();
 
 }  // namespace torch_tfgrads
