@@ -41,9 +41,8 @@ bool brgemm_usable() {
 
 // Whether each thread runs all steps for its own batch rows (see over_rows_or_blocks): one
 // thread, or, with AVX-512, at least kMinRows rows per thread. On AVX2 hosts the threads always
-// split each step's blocks: there each thread then streams half the weights per step from the L3
-// instead of all of them, and at every benchmark shape that was faster (LSTM 20,64,256,512
-// forward + backward 106 against 140 ms, 50,32,128,256 39 against 41; docs/perf-notes).
+// split each step's blocks: each thread then streams half the weights per step from the L3
+// instead of all of them, which was faster at every benchmark shape there.
 constexpr int64_t kMinRows = 8;
 bool threads_own_rows(int64_t B) {
   const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
@@ -56,15 +55,13 @@ bool threads_own_rows(int64_t B) {
 // for the LSTM forward, whose 32-column GEMM then fits its R panel in L1); GRU's forward stays at
 // 16 (48 gate columns; narrower is slower, wider no faster). On AVX2 (16 vector registers, half
 // the L2 of the AVX-512 host) the forward's narrow blocks of 8 units were the fastest in either
-// mode, GRU's too (LSTM 50,32,128,256 bidirectional, one thread per direction: 66 against 72 ms
-// with 64-unit blocks).
+// mode, GRU's too.
 int64_t unit_block(const Config& cfg, bool forward, bool own_rows) {
   if (cfg.P > 0 || cfg.B == 0 || cfg.T == 0 || !brgemm_usable()) return 0;
   const bool gru = cfg.mode == Mode::kGru;
   if (!forward && !avx512_enabled()) {
     // The backward's block GEMM reads a [G*U, ub] panel of R per block: on AVX2 (Zen 3, 512 KiB
-    // of L2) at most 256 KiB of it, so 32-unit blocks from U = 512 (LSTM 20,64,256,512: 103
-    // against 108 ms; 16 units were slower again).
+    // of L2) at most 256 KiB of it, so 32-unit blocks from U = 512 (16 were slower again).
     for (int64_t ub : {64, 32, 16})
       if (cfg.U % ub == 0 && cfg.GU() * ub * 4 <= (256 << 10)) return ub;
     return cfg.U % 8 == 0 ? 8 : 0;

@@ -33,9 +33,8 @@ bool rnn_brgemm_available();
 
 // Whether the RNN's batched GEMMs (weight gradients, GRU's input projection) run on BRGEMM too,
 // or through ATen: oneDNN's micro-kernels beat MKL there with AVX-512 (an AMD Zen 4 host, where
-// MKL runs AVX2 code), MKL beats them on AVX2 hosts (Zen 3: the weight gradients of LSTM
-// (50,32,128,256) in 11.0 against 17.5 ms). So BRGEMM when it is available and our AVX-512
-// kernels are on (TFGRADS_CPU_CAPABILITY=avx2 forces ATen).
+// MKL runs AVX2 code), MKL beats them on AVX2 hosts (docs/perf-notes/cudnn_rnn.md). So BRGEMM
+// when it is available and our AVX-512 kernels are on (TFGRADS_CPU_CAPABILITY=avx2 forces ATen).
 bool rnn_batched_gemms_on_brgemm();
 
 // Batch rows per thread from which the RNN runs its step cells even where BRGEMM is available
