@@ -50,8 +50,9 @@ def cpu_paths() -> dict:
     """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm",
     "rnn_brgemm_max_rows_per_thread", "rnn_batched_gemms", "forced"}``: the host, the ISA ATen
     dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path run, the batch rows per
-    thread from which the RNN runs its step cells instead (None: never, as on AVX2), where the RNN's batched GEMMs run
-    (``"brgemm"`` or ``"aten"``), and the forcing environment variables that are set.
+    thread from which the RNN runs its step cells instead (None: never, as on AVX2), where the
+    RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), and the forcing environment variables
+    that are set.
 
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
     without AVX-512)."""
