@@ -152,6 +152,25 @@ def test_matches_torch_nn(case, dtype, tol, device):
         assert rel_err(a, b) <= tol, name
 
 
+def _float32_on_cpu_matches_oracle(case, threads):
+    """Outputs, states and every gradient of the float32 CPU op on `threads` threads within 1e-5
+    of the float64 oracle."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, h, c, p, lens = case.tensors(torch.float32, "cpu")
+        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, torch.float32, "cpu")
+        (out, oh, oc), ours = _grads_ours(case, x, h, c, p, lens, dy, dh, dc)
+        (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
+    finally:
+        torch.set_num_threads(before)
+    assert rel_err(out, r_out) <= 1e-5 and rel_err(oh, r_oh) <= 1e-5
+    if case.mode == "lstm":
+        assert rel_err(oc, r_oc) <= 1e-5
+    for name, a, b in zip(["input", "input_h", "params", "input_c"], ours, ref):
+        assert rel_err(a, b) <= 1e-5, name
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     "case",
@@ -170,20 +189,7 @@ def test_fused_steps_split_rows_or_blocks(case, threads):
     # rows: 10 + 9) with AVX-512, else each step's unit blocks; one thread does all. Same
     # numbers each way.
     # (Unidirectional: the two directions of a bidirectional layer run one per thread.)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        x, h, c, p, lens = case.tensors(torch.float32, "cpu")
-        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, torch.float32, "cpu")
-        (out, oh, oc), ours = _grads_ours(case, x, h, c, p, lens, dy, dh, dc)
-        (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
-    finally:
-        torch.set_num_threads(before)
-    assert rel_err(out, r_out) <= 1e-5 and rel_err(oh, r_oh) <= 1e-5
-    if case.mode == "lstm":
-        assert rel_err(oc, r_oc) <= 1e-5
-    for name, a, b in zip(["input", "input_h", "params", "input_c"], ours, ref):
-        assert rel_err(a, b) <= 1e-5, name
+    _float32_on_cpu_matches_oracle(case, threads)
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
@@ -196,19 +202,7 @@ def test_both_sides_of_the_batch_size_rule(mode, below):
     limit = T.cpu.cpu_paths()["rnn_brgemm_max_rows_per_thread"] or 32
     rows = limit - (1 if below else 0)
     lengths = [(3 * b) % 6 + 1 for b in range(rows)]
-    case = Case(mode, 1, 1, T_=6, B=rows, I=12, U=32, lengths=lengths)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        x, h, c, p, lens = case.tensors(torch.float32, "cpu")
-        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, torch.float32, "cpu")
-        (out, oh, oc), ours = _grads_ours(case, x, h, c, p, lens, dy, dh, dc)
-        (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
-    finally:
-        torch.set_num_threads(before)
-    assert rel_err(out, r_out) <= 1e-5 and rel_err(oh, r_oh) <= 1e-5
-    for name, a, b in zip(["input", "input_h", "params", "input_c"], ours, ref):
-        assert rel_err(a, b) <= 1e-5, name
+    _float32_on_cpu_matches_oracle(Case(mode, 1, 1, T_=6, B=rows, I=12, U=32, lengths=lengths), 1)
 
 
 def test_padded_outputs_are_zero_and_states_taken_at_each_length():
