@@ -165,8 +165,8 @@ def main():
         path, where, peers = "CUDA", "cuda", "torch.nn on cuDNN"
     else:
         paths = T.cpu.cpu_paths()
-        # the step cells from rnn_brgemm_max_rows_per_thread batch rows per thread on
-        # (None: the fused steps at every batch size)
+        # the step cells from rnn_brgemm_max_rows_per_thread batch rows per thread on (None:
+        # the fused steps at every batch size)
         rows = paths["rnn_brgemm_max_rows_per_thread"]
         brgemm_below = float("inf") if rows is None else rows * torch.get_num_threads()
         where, peers = f"{common.THREADS} threads", "Keras in a tf.function"

@@ -121,15 +121,15 @@ void over_rows_or_blocks(int64_t B, const F& steps) {
                      [&](int64_t b0, int64_t b1) { steps(b0, b1, false); });
 }
 
-// C[M,N] (+)= A[M,K] B[K,N] (+ bias[N] on every row): A and C row-major with leading
-// dimensions, B's element (k, n) at B[k * sbk + n * sbn], in 64x64 tiles over the threads, K in
-// chunks that keep a tile's operands in L2. With AVX-512 oneDNN's brgemm runs near the core's
-// peak here where MKL's path for AMD CPUs (AVX2 code) does not; on AVX2 hosts MKL is the faster
-// and the batched GEMMs go through ATen (rnn_batched_gemms_on_brgemm). A transposed B (the input weights W^T of the
-// projection) is copied panel by panel, kChunk x 64 at a time, into a row-major buffer: the
-// tiles are walked column by column, so a thread copies each panel once for all its row tiles
-// of that column, instead of a whole transposed copy of W per call. (Copying row-major panels
-// too, to read them contiguously, measured no gain.)
+// C[M,N] (+)= A[M,K] B[K,N] (+ bias[N] on every row): A and C row-major with leading dimensions,
+// B's element (k, n) at B[k * sbk + n * sbn], in 64x64 tiles over the threads, K in chunks that
+// keep a tile's operands in L2. With AVX-512 oneDNN's brgemm runs near the core's peak here where
+// MKL's path for AMD CPUs (AVX2 code) does not; on AVX2 hosts MKL is the faster and the batched
+// GEMMs go through ATen (rnn_batched_gemms_on_brgemm). A transposed B (the input weights W^T of the
+// projection) is copied panel by panel, kChunk x 64 at a time, into a row-major buffer: the tiles
+// are walked column by column, so a thread copies each panel once for all its row tiles of that
+// column, instead of a whole transposed copy of W per call. (Copying row-major panels too, to read
+// them contiguously, measured no gain.)
 void blocked_mm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                 int64_t sbk, int64_t sbn, float* C, int64_t ldc, bool add_C, const float* bias) {
   constexpr int64_t kTile = 64, kChunk = 512;
