@@ -115,6 +115,15 @@ def gemm_flops(mode, shape, D):
     return 2 * 3 * fwd * D  # forward, data gradient, weight gradient
 
 
+def directions_in_turn(paths, mode, shape):
+    """Whether a bidirectional layer of `shape` runs its directions one after the other on two
+    threads (cpu_paths' rnn_directions_in_turn_above_bytes: a direction's W and R above it)."""
+    Tn, B, I, U = shape
+    above = paths["rnn_directions_in_turn_above_bytes"]
+    G = 4 if mode == "lstm" else 3
+    return above is not None and torch.get_num_threads() == 2 and G * U * (I + U) * 4 > above
+
+
 def mm_flops(mode, shape):
     """Multiply-adds x2 of the yardstick torch.mm ([B, I + U] x [I + U, G * U])."""
     _, B, I, U = shape
@@ -196,6 +205,8 @@ def main():
                 if not cuda:
                     batch = shape[1]  # (T, B, I, U)
                     path = "BRGEMM" if paths["rnn_brgemm"] and batch < brgemm_below else "cells"
+                    if D == 2 and directions_in_turn(paths, mode, shape) and path == "BRGEMM":
+                        path += " in turn"
                 row += [
                     f"{ours / best:.2f}",
                     path,
@@ -229,7 +240,11 @@ def main():
             "is timed alone with CUDA events."
         )
     else:
-        print("Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF).")
+        print(
+            "Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF). Path \"in "
+            "turn\": the two directions run one after the other, each over both threads (else "
+            "one per thread)."
+        )
     rows = []
     for mode in MODES:
         for direction in DIRECTIONS:

@@ -166,6 +166,10 @@ struct CellKernels {
   bool (*weight_grads)(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                        const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
                        const at::Tensor& gb) = nullptr;
+  // Optional: true where the two directions of a bidirectional layer should run one after the
+  // other, each over all the threads, although the driver would give each its own thread (two
+  // CPU threads; see for_each_direction in cudnn_rnn_driver.cpp). `like`: the layer's input.
+  bool (*directions_in_turn)(const Config&, int64_t layer, const at::Tensor& like) = nullptr;
 };
 
 // out (+)= a @ b (+ bias) through the device's GEMM hook, or ATen.

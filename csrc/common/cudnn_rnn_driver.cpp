@@ -152,10 +152,13 @@ Tensor project_inputs(const Config& cfg, const LayerParams& lp, const Tensor& x,
 // independent until their input gradients are summed, so on a two-thread CPU each runs whole
 // on its own thread (nested ATen parallel regions run inline): no barrier between the threads
 // per step, and each core keeps one direction's weights and states in its own L2. With more
-// threads the directions run one after the other, each split over all threads per step.
+// threads, or where the device's kernels ask for it (directions_in_turn), the directions run
+// one after the other, each split over all threads per step.
 template <typename F>
-void for_each_direction(const Config& cfg, const Tensor& like, const F& fn) {
-  if (cfg.D == 2 && like.is_cpu() && at::get_num_threads() == 2 && !at::in_parallel_region()) {
+void for_each_direction(const Config& cfg, int64_t layer, const Tensor& like,
+                        const CellKernels& cells, const F& fn) {
+  if (cfg.D == 2 && like.is_cpu() && at::get_num_threads() == 2 && !at::in_parallel_region() &&
+      !(cells.directions_in_turn && cells.directions_in_turn(cfg, layer, like))) {
     const at::ThreadLocalState tls;  // the caller's dispatch state (below autograd) and modes
     at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
       const at::ThreadLocalStateGuard guard(tls);
@@ -223,7 +226,7 @@ ForwardResult forward(const Tensor& input, const Tensor& input_h, const Tensor& 
     std::vector<Reserve::Pseudo> saved;
     for (int64_t d = 0; d < cfg.D; ++d) saved.push_back(reserve.pseudo(is_training));
     y = layer + 1 < cfg.L ? reserve.take({T, B, cfg.D * Hh}) : at::empty({T, B, cfg.D * Hh}, opts);
-    for_each_direction(cfg, x, [&](int64_t d) {
+    for_each_direction(cfg, layer, x, cells, [&](int64_t d) {
       const int64_t p = layer * cfg.D + d;
       const LayerParams& lp = lps[p];
       const Reserve::Pseudo& sv = saved[d];
@@ -399,7 +402,7 @@ BackwardResult backward(const Tensor& input, const Tensor& input_h, const Tensor
     // What a direction adds to d_in, in time order, when it cannot write d_in itself; added
     // once both directions are done, as they may run concurrently.
     Tensor d_in_part[2];
-    for_each_direction(cfg, x, [&](int64_t d) {
+    for_each_direction(cfg, layer, x, cells, [&](int64_t d) {
       const int64_t p = layer * cfg.D + d;
       const LayerParams& lp = lps[p];
       const LayerParams& g = dlps[p];

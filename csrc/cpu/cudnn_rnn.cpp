@@ -115,9 +115,11 @@ constexpr CellKernels kCpuStepCells{&cell_forward, &cell_backward, nullptr,
                                     nullptr,       nullptr,        &aten_weight_grads};
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
-                                &backward_direction, &cpu_matmul,    &cpu_weight_grads};
+                                &backward_direction, &cpu_matmul,    &cpu_weight_grads,
+                                &directions_in_turn};
 constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,       &cell_backward, &forward_direction,
-                                         &backward_direction, nullptr,        &aten_weight_grads};
+                                         &backward_direction, nullptr,        &aten_weight_grads,
+                                         &directions_in_turn};
 #else
 constexpr CellKernels kCpuCells = kCpuStepCells;
 constexpr CellKernels kCpuCellsAtenGemms = kCpuStepCells;

@@ -431,6 +431,14 @@ bool cpu_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tenso
   return true;
 }
 
+bool directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like) {
+  const int64_t above = rnn_directions_in_turn_above_bytes();
+  if (above == 0 || like.scalar_type() != at::kFloat || unit_block(cfg, true, false) == 0)
+    return false;
+  const int64_t in = cfg.has_input_weights(layer) ? cfg.in_width(layer) : 0;
+  return cfg.GU() * (in + cfg.Hh) * static_cast<int64_t>(sizeof(float)) > above;
+}
+
 }  // namespace cudnn_rnn
 }  // namespace torch_tfgrads
 #endif
@@ -448,6 +456,10 @@ bool rnn_batched_gemms_on_brgemm() { return rnn_brgemm_available() && avx512_ena
 
 int64_t rnn_step_cells_from_rows_per_thread() {
   return avx512_enabled() ? kBrgemmMaxRowsPerThread : 0;
+}
+
+int64_t rnn_directions_in_turn_above_bytes() {
+  return rnn_brgemm_available() && !avx512_enabled() ? kDirectionsInTurnAboveBytes : 0;
 }
 
 }  // namespace torch_tfgrads

@@ -20,6 +20,9 @@ bool cpu_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias
 bool cpu_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                       const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
                       const at::Tensor& gb);
+// Whether the two directions of a bidirectional layer run one after the other on a two-thread
+// CPU (rnn_directions_in_turn_above_bytes in cpu/isa.h), where the fused steps apply.
+bool directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like);
 
 }  // namespace cudnn_rnn
 }  // namespace torch_tfgrads

@@ -44,4 +44,12 @@ bool rnn_batched_gemms_on_brgemm();
 constexpr int64_t kBrgemmMaxRowsPerThread = 32;
 int64_t rnn_step_cells_from_rows_per_thread();
 
+// A bidirectional layer's two directions run each on its own thread of a two-thread CPU,
+// except on AVX2 hosts (with the fused BRGEMM steps) when a direction's weights, W and R, take
+// more than this many bytes: there they run one after the other, each step's unit blocks split
+// over both threads (docs/perf-notes/cudnn_rnn.md). 0 where the directions always take a thread
+// each. torch_tfgrads.cpu.cpu_paths() reports it.
+constexpr int64_t kDirectionsInTurnAboveBytes = int64_t{3} << 20;
+int64_t rnn_directions_in_turn_above_bytes();
+
 }  // namespace torch_tfgrads
