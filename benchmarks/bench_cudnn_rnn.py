@@ -121,7 +121,7 @@ def directions_in_turn(paths, mode, shape):
     Tn, B, I, U = shape
     above = paths["rnn_directions_in_turn_above_bytes"]
     G = 4 if mode == "lstm" else 3
-    return above is not None and torch.get_num_threads() == 2 and G * U * (I + U) * 4 > above
+    return above is not None and torch.get_num_threads() == 2 and above < G * U * (I + U) * 4
 
 
 def mm_flops(mode, shape):
@@ -241,8 +241,8 @@ def main():
         )
     else:
         print(
-            "Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF). Path \"in "
-            "turn\": the two directions run one after the other, each over both threads (else "
+            'Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF). Path "in '
+            'turn": the two directions run one after the other, each over both threads (else '
             "one per thread)."
         )
     rows = []

@@ -518,6 +518,38 @@ def test_canonical_params_round_trip(mode, L, D, P):
     assert w[0].data_ptr() != p.data_ptr()  # copies, not views of params
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conversions_copy_large_and_strided_tensors(dtype, threads):
+    # On the CPU both conversions copy every piece in one parallel region of 64 KiB chunks:
+    # pieces straddling chunks, strided params, strided and negated-view weights.
+    L, U, I, mode, direction = 2, 96, 50, "lstm", "bidirectional"
+    G = GATES[mode]
+    n = T.cudnn_rnn_params_size(L, U, I, mode, direction=direction)
+    p = torch.randn(2 * n, dtype=torch.float64).to(dtype)[::2]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        w, b = T.cudnn_rnn_params_to_canonical_v2(
+            L, U, I, p, 4 * 2 * G, 4 * 2 * G, mode, direction=direction
+        )
+        strided = [t.t().contiguous().t() for t in w]
+        negated = [torch._neg_view(-t) for t in b]
+        back = T.cudnn_rnn_canonical_to_params_v2(
+            L, U, I, strided, negated, mode, direction=direction
+        )
+    finally:
+        torch.set_num_threads(before)
+    off = 0  # per pseudo-layer: its 2G matrices, then its 2G biases
+    for pl in range(L * 2):
+        for t in w[pl * 2 * G : (pl + 1) * 2 * G] + b[pl * 2 * G : (pl + 1) * 2 * G]:
+            assert t.dtype == dtype and t.is_contiguous()
+            assert torch.equal(t.reshape(-1), p[off : off + t.numel()])
+            off += t.numel()
+    assert off == n
+    assert back.dtype == dtype and torch.equal(back, p)
+
+
 def test_single_layer_buffer_is_keras_concat():
     # One unidirectional layer: concat(flattened weights + biases), as Keras builds it.
     w = [torch.randn(5, 3) for _ in range(4)] + [torch.randn(5, 5) for _ in range(4)]

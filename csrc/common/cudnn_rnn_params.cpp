@@ -3,8 +3,12 @@
 // concatenation, so one device-independent implementation, registered for CPU and CUDA by
 // the per-device files; fakes and autograd are in torch_tfgrads/.
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "checks.h"
@@ -37,6 +41,36 @@ void check_tensors(const char* op, const char* name, at::TensorList ts,
   }
 }
 
+// Copies pieces k = 0, 1, ... of bytes[k] bytes from src[k] to dst[k], as if one buffer, in
+// one parallel region of 64 KiB chunks: a conversion moves dozens of tensors, and a clone or a
+// cat's copy per tensor pays a dispatch and a parallel region each (CPU only).
+struct Pieces {
+  std::vector<const char*> src;
+  std::vector<char*> dst;
+  std::vector<int64_t> end;  // running sum of the sizes
+
+  void add(const void* from, void* to, int64_t bytes) {
+    src.push_back(static_cast<const char*>(from));
+    dst.push_back(static_cast<char*>(to));
+    end.push_back((end.empty() ? 0 : end.back()) + bytes);
+  }
+  void copy() const {
+    if (end.empty()) return;
+    constexpr int64_t kChunk = 64 << 10;
+    const int64_t total = end.back();
+    at::parallel_for(0, (total + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+      const int64_t lo = c0 * kChunk, hi = std::min(total, c1 * kChunk);
+      // the first piece ending past lo, then on through the pieces until hi
+      size_t k = std::upper_bound(end.begin(), end.end(), lo) - end.begin();
+      for (int64_t at = lo; at < hi; ++k) {
+        const int64_t begin = k ? end[k - 1] : 0, stop = std::min(hi, end[k]);
+        if (stop > at) std::memcpy(dst[k] + (at - begin), src[k] + (at - begin), stop - at);
+        at = std::max(at, stop);
+      }
+    });
+  }
+};
+
 }  // namespace
 
 at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t input_size,
@@ -58,6 +92,7 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
   check_tensors(op, "biases", biases, canonical_bias_shapes(cfg), cfg, ref);
   // Per pseudo-layer: gate input and recurrent matrices, input and recurrent biases, then the
   // projection (the matrices precede the projection in the canonical weight list).
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::vector<at::Tensor> pieces;
   size_t wi = 0, bi = 0;
   for (int64_t layer = 0; layer < cfg.L; ++layer) {
@@ -68,7 +103,20 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
       if (cfg.P > 0) pieces.push_back(weights[wi++].reshape(-1));
     }
   }
-  return at::cat(pieces);
+  if (!ref.is_cpu()) return at::cat(pieces);
+  at::Tensor out = at::empty({params_size(cfg)}, ref.options());
+  Pieces copies;
+  int64_t off = 0;
+  std::vector<at::Tensor> kept;  // contiguous copies of strided pieces, alive until the copy
+  for (const at::Tensor& t : pieces) {
+    const bool plain = t.is_contiguous() && !t.is_neg();
+    const at::Tensor c = plain ? t : kept.emplace_back(t.resolve_neg().contiguous());
+    copies.add(c.const_data_ptr(), static_cast<char*>(out.mutable_data_ptr()) + off * c.itemsize(),
+               c.numel() * c.itemsize());
+    off += c.numel();
+  }
+  copies.copy();
+  return out;
 }
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical(
@@ -120,12 +168,24 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
                    ": argument 'params' must be a float16, bfloat16, float32 or float64 "
                    "tensor, got ",
                    c10::toString(st));
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::vector<at::Tensor> weights, biases;
   int64_t off = 0;
+  // Every output is a copy (outputs never alias): on the CPU all copied in one parallel region.
+  const bool cpu = params.is_cpu();
+  const at::Tensor src = cpu ? params.resolve_neg().contiguous() : params;
+  Pieces copies;
   auto take = [&](const std::vector<int64_t>& shape) {
     int64_t n = 1;
     for (auto s : shape) n *= s;
-    at::Tensor t = params.narrow(0, off, n).reshape(shape).clone();  // outputs never alias
+    at::Tensor t;
+    if (cpu) {
+      t = at::empty(shape, src.options());
+      copies.add(static_cast<const char*>(src.const_data_ptr()) + off * src.itemsize(),
+                 t.mutable_data_ptr(), n * src.itemsize());
+    } else {
+      t = src.narrow(0, off, n).reshape(shape).clone();
+    }
     off += n;
     return t;
   };
@@ -138,6 +198,7 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
       if (cfg.P > 0) weights.push_back(take(weight_shapes[wi++]));
     }
   }
+  copies.copy();
   return {weights, biases};
 }
 
