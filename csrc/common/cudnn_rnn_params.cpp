@@ -62,10 +62,10 @@ struct Pieces {
       const int64_t lo = c0 * kChunk, hi = std::min(total, c1 * kChunk);
       // the first piece ending past lo, then on through the pieces until hi
       size_t k = std::upper_bound(end.begin(), end.end(), lo) - end.begin();
-      for (int64_t at = lo; at < hi; ++k) {
+      for (int64_t pos = lo; pos < hi; ++k) {
         const int64_t begin = k ? end[k - 1] : 0, stop = std::min(hi, end[k]);
-        if (stop > at) std::memcpy(dst[k] + (at - begin), src[k] + (at - begin), stop - at);
-        at = std::max(at, stop);
+        if (stop > pos) std::memcpy(dst[k] + (pos - begin), src[k] + (pos - begin), stop - pos);
+        pos = std::max(pos, stop);
       }
     });
   }
