@@ -152,8 +152,8 @@ def test_matches_torch_nn(case, dtype, tol, device):
         assert rel_err(a, b) <= tol, name
 
 
-def _float32_on_cpu_matches_oracle(case, threads):
-    """Outputs, states and every gradient of the float32 CPU op on `threads` threads within 1e-5
+def _float32_on_cpu_matches_oracle(case, threads, tol=1e-5):
+    """Outputs, states and every gradient of the float32 CPU op on `threads` threads within `tol`
     of the float64 oracle."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -164,11 +164,11 @@ def _float32_on_cpu_matches_oracle(case, threads):
         (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
     finally:
         torch.set_num_threads(before)
-    assert rel_err(out, r_out) <= 1e-5 and rel_err(oh, r_oh) <= 1e-5
+    assert rel_err(out, r_out) <= tol and rel_err(oh, r_oh) <= tol
     if case.mode == "lstm":
-        assert rel_err(oc, r_oc) <= 1e-5
+        assert rel_err(oc, r_oc) <= tol
     for name, a, b in zip(["input", "input_h", "params", "input_c"], ours, ref):
-        assert rel_err(a, b) <= 1e-5, name
+        assert rel_err(a, b) <= tol, name
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -193,8 +193,10 @@ def test_fused_steps_split_rows_or_blocks(case, threads):
     # rows: 10 + 9) with AVX-512, else each step's unit blocks; one thread does all. Same
     # numbers each way.
     # (Mostly unidirectional: the two directions of a bidirectional layer run one per thread,
-    # except the wide ones at the end.)
-    _float32_on_cpu_matches_oracle(case, threads)
+    # except the wide ones at the end. Their float32 sums run over G*U = 1344-1792 terms: the
+    # step cells' input gradient of the GRU case, TFGRADS_DISABLE_BRGEMM=1, is 1.4e-5 from the
+    # oracle.)
+    _float32_on_cpu_matches_oracle(case, threads, tol=3e-5 if case.D == 2 else 1e-5)
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
