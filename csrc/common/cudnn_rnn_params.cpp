@@ -107,13 +107,11 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
   at::Tensor out = at::empty({params_size(cfg)}, ref.options());
   Pieces copies;
   int64_t off = 0;
-  std::vector<at::Tensor> kept;  // contiguous copies of strided pieces, alive until the copy
-  for (const at::Tensor& t : pieces) {
-    const bool plain = t.is_contiguous() && !t.is_neg();
-    const at::Tensor c = plain ? t : kept.emplace_back(t.resolve_neg().contiguous());
-    copies.add(c.const_data_ptr(), static_cast<char*>(out.mutable_data_ptr()) + off * c.itemsize(),
-               c.numel() * c.itemsize());
-    off += c.numel();
+  for (at::Tensor& t : pieces) {
+    t = t.resolve_neg().contiguous();  // itself unless strided (a 1-D slice) or a negated view
+    copies.add(t.const_data_ptr(), static_cast<char*>(out.mutable_data_ptr()) + off * t.itemsize(),
+               t.numel() * t.itemsize());
+    off += t.numel();
   }
   copies.copy();
   return out;
