@@ -12,15 +12,24 @@
 #      default 60): their tables are the logs bench-<family>.log; a crash or a timeout fails
 #      the step, the numbers themselves are not checked
 # It writes summary.txt and one log per step into GPU_REPORT_DIR (default build/gpu-report) and
-# exits non-zero if any step failed.
+# exits non-zero if any step failed. GPU_TEST_STEPS picks some of the steps (names as above:
+# "build check-build cuda-tests memcheck racecheck bench", the default), e.g. to split the kit
+# over two calls of a machine lent for minutes; PYTEST_ADDOPTS reaches the CUDA tests
+# (e.g. "-n 4 --timeout 300" where pytest-xdist and pytest-timeout are installed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Nothing is installed there: the in-place build is imported from the checkout, also by the
+# scripts under tools/ and benchmarks/ (whose own folder, not the root, heads sys.path).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 REPORT=${GPU_REPORT_DIR:-build/gpu-report}
 mkdir -p "$REPORT"
 SUMMARY="$REPORT/summary.txt"
 : > "$SUMMARY"
 failed=0
+
+STEPS=" ${GPU_TEST_STEPS:-build check-build cuda-tests memcheck racecheck bench} "
+wanted() { [[ $STEPS == *" $1 "* ]]; }
 
 step() {  # step NAME COMMAND...: runs COMMAND, logs to $REPORT/NAME.log, records the outcome
   local name=$1; shift
@@ -46,19 +55,26 @@ step() {  # step NAME COMMAND...: runs COMMAND, logs to $REPORT/NAME.log, record
 ARCH=$("$PY" -c "import torch; c = torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')" 2>/dev/null)
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${ARCH:-9.0}}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
-step check-build "$PY" -m torch_tfgrads check-build --require-cuda
-step cuda-tests env TFGRADS_REQUIRE_CUDA=1 "$PY" -m pytest -q -m needs_cuda -p no:cacheprovider tests
-if command -v compute-sanitizer > /dev/null 2>&1; then
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" tools/cuda_smoke.py
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" tools/cuda_smoke.py
-else
-  echo "== compute-sanitizer: not found, memcheck/racecheck NOT run" | tee -a "$SUMMARY"
-  failed=1
+wanted build && step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
+wanted check-build && step check-build "$PY" -m torch_tfgrads check-build --require-cuda
+if wanted cuda-tests; then
+  step cuda-tests env TFGRADS_REQUIRE_CUDA=1 "$PY" -m pytest -q -m needs_cuda -p no:cacheprovider tests
+  grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' \
+    | tee -a "$SUMMARY"
 fi
-for b in fused_batch_norm fractional_pool depthwise_conv2d cudnn_rnn; do
-  step "bench-$b" timeout "${BENCH_TIMEOUT:-60}" "$PY" "benchmarks/bench_$b.py" --device cuda --quick
+for tool in memcheck racecheck; do
+  wanted $tool || continue
+  if command -v compute-sanitizer > /dev/null 2>&1; then
+    step $tool compute-sanitizer --tool $tool --error-exitcode 1 "$PY" tools/cuda_smoke.py
+  else
+    echo "== compute-sanitizer: not found, $tool NOT run" | tee -a "$SUMMARY"
+    failed=1
+  fi
 done
-grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' | tee -a "$SUMMARY"
+if wanted bench; then
+  for b in fused_batch_norm fractional_pool depthwise_conv2d cudnn_rnn; do
+    step "bench-$b" timeout "${BENCH_TIMEOUT:-60}" "$PY" "benchmarks/bench_$b.py" --device cuda --quick
+  done
+fi
 echo "gpu-test: $([ $failed = 0 ] && echo OK || echo FAILED); report in $REPORT" | tee -a "$SUMMARY"
 exit $failed
