@@ -58,7 +58,8 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 wanted build && step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
 wanted check-build && step check-build "$PY" -m torch_tfgrads check-build --require-cuda
 if wanted cuda-tests; then
-  step cuda-tests env TFGRADS_REQUIRE_CUDA=1 "$PY" -m pytest -q -m needs_cuda -p no:cacheprovider tests
+  step cuda-tests env TFGRADS_REQUIRE_CUDA=1 "$PY" -m pytest -q -rs -m needs_cuda -p no:cacheprovider \
+    tests
   grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' \
     | tee -a "$SUMMARY"
 fi
