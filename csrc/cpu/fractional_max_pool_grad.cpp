@@ -80,8 +80,9 @@ struct MaxGradPass {
   // Positions in a cell are compared as acc_t values: exact below 2^24 for float. Cells with
   // more elements (a huge input pooled to a few cells) take the int64 scalar path.
   bool scalar_only = false;
-  // Non-temporal stores (float, whole aligned vectors, dx beyond the L2 caches): every
-  // element is written exactly once, so reading dx's lines in first is wasted.
+  // Non-temporal stores in the overlapping cells' gather (float, whole aligned vectors, dx
+  // beyond the L2 caches): every element is written exactly once, so reading dx's lines in
+  // first is wasted.
   bool stream = false;
   // Overlapping cells, per input column: its first covering cell `ja` and its column in it,
   // and the next cell `jb` (where the column is that cell's first) or, if none covers it, `ja`
@@ -207,7 +208,7 @@ struct MaxGradPass {
   // NV channel vectors of one cell from its argmaxes (pos): dy where the position matches and
   // 0 elsewhere. A row's columns are stored last to first, so a repeated column's 0 is
   // overwritten by its real column.
-  template <int CW, int NV, bool kStream>
+  template <int CW, int NV>
   static C10_ALWAYS_INLINE void write_vectors(const A* pos, const scalar_t* gc, scalar_t* o,
                                               int64_t rh, int64_t last, int64_t stride,
                                               int64_t orow, int64_t opixel) {
@@ -224,7 +225,7 @@ struct MaxGradPass {
         const Vec here(static_cast<A>(h * stride + w));
         scalar_t* out = o + h * orow + (CW > 0 ? std::min(w, last) : w) * opixel;
 #pragma GCC unroll 4
-        for (int k = 0; k < NV; ++k) put<kStream>(out + k * L, grad[k] & (at[k] == here));
+        for (int k = 0; k < NV; ++k) Wd::store(out + k * L, grad[k] & (at[k] == here));
       }
     }
   }
@@ -237,8 +238,9 @@ struct MaxGradPass {
   // cells grouped by width instead, each group with its exact width, saves the repeated columns
   // but is slower on inputs beyond L2: the hardware prefetchers lose the row streams.) The
   // row's invariants stay in locals: vector stores may alias anything, so members would be
-  // reloaded after each one.
-  template <int RH, int CW, bool kStream>
+  // reloaded after each one. Its stores are ordinary ones: unlike the overlapping cells'
+  // gather, non-temporal ones measured slower here, in cache and beyond it.
+  template <int RH, int CW>
   bool cells_of_row(int64_t b, int64_t i, int64_t dv) const {
     const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
     const int64_t row = sH, pixel = sW, c = C, orow = W * C, stride = CW > 0 ? CW : cw_max;
@@ -271,20 +273,11 @@ struct MaxGradPass {
         const scalar_t* gc = gr + j * c;
         scalar_t* o = orr + c0 * c;
         for_vector_groups(dv, [&](int64_t d, auto nv) {
-          write_vectors<CW, decltype(nv)::value, kStream>(pj + d, gc + d, o + d, rh, last, stride,
-                                                          orow, c);
+          write_vectors<CW, decltype(nv)::value>(pj + d, gc + d, o + d, rh, last, stride, orow, c);
         });
       }
     }
     return mismatch == 0;
-  }
-  // Non-temporal stores exist for float only: the other types compile one variant.
-  static constexpr bool kCanStreamType = std::is_same_v<scalar_t, float>;
-  template <int RH, int CW>
-  bool cells_of_row(int64_t b, int64_t i, int64_t dv) const {
-    if constexpr (kCanStreamType)
-      if (stream) return cells_of_row<RH, CW, true>(b, i, dv);
-    return cells_of_row<RH, CW, false>(b, i, dv);
   }
   template <int RH>
   bool cell_row(int64_t b, int64_t i, int64_t dv) const {
@@ -323,6 +316,9 @@ struct MaxGradPass {
       default: return argmax_cells<0, 0>(b, i, d0, d1, pos);
     }
   }
+
+  // Non-temporal stores exist for float only: the other types compile one variant.
+  static constexpr bool kCanStreamType = std::is_same_v<scalar_t, float>;
 
   // dx row h of image b, channels d0 + [0, nd): each element is 0 plus, in TF's cell order,
   // dy of each covering cell whose argmax it is. Cell rows ia and ib cover the row (kTwo: two
@@ -488,9 +484,10 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   const int64_t OH = g.rows.cells, C = g.C;
   MaxGradPass<scalar_t> pass(x, g);
   pass.set_gradient(y, dy, dx, overlapping);
-  pass.stream = std::is_same_v<scalar_t, float> && C % 8 == 0 &&
-                reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
-                worth_streaming(dx.numel() * 4);
+  const bool stream = std::is_same_v<scalar_t, float> && C % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
+                      worth_streaming(dx.numel() * 4);
+  pass.stream = stream && overlapping;  // (see cells_of_row)
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
   if (!g.rows.covers_all() || !g.cols.covers_all()) dx.zero_();
@@ -500,7 +497,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     if (C % 16 == 0 && !pass.scalar_only && avx512_enabled())
       wide = std::make_unique<fracpool::MaxGradAvx512>(
           pass.x, pass.sN, pass.sH, pass.sW, pass.y, pass.dy, pass.dx, g, overlapping,
-          pass.stream && reinterpret_cast<uintptr_t>(pass.dx) % 64 == 0);
+          stream && reinterpret_cast<uintptr_t>(pass.dx) % 64 == 0);
   }
   std::atomic<bool> same{true};
   const int64_t cell_row = (g.H / OH + 1) * g.W * C;
@@ -509,7 +506,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
       for (int64_t t = begin; t < end; ++t)
         if (!(wide ? wide->disjoint_row(t / OH, t % OH) : pass.disjoint_row(t / OH, t % OH)))
           same = false;
-      if (pass.stream) stream_fence();
+      if (stream) stream_fence();
     });
   } else {  // boundaries are shared between cell rows: one task per image and channel block
     constexpr int64_t kBlock = 64;
@@ -521,7 +518,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
                    : pass.overlapping_block(t / blocks, d0, d1)))
           same = false;
       }
-      if (pass.stream) stream_fence();
+      if (stream) stream_fence();
     });
   }
   TORCH_CHECK(same, "fractional_max_pool_grad: argument 'orig_output': ", fracpool::kOutputMismatch,
