@@ -207,6 +207,29 @@ def test_channel_widths_that_alias_in_l1_use_narrow_tiles(C, dtype, s):
         assert rel_err(got, want) <= tol
 
 
+@pytest.mark.parametrize(
+    "dtype,C,narrow",
+    [(torch.float32, 256, 248), (torch.float64, 128, 120), (torch.bfloat16, 512, 496)],
+)
+@pytest.mark.parametrize("W,k", [(10, (3, 3)), (6, (3, 3)), (6, (1, 3)), (9, (5, 5)), (7, (3, 2))])
+def test_filter_gradient_by_pixel_equals_the_tiles_bit_for_bit(dtype, C, narrow, W, k):
+    """On the 8-lane path, layers whose pixels alias in L1 (C * itemsize a multiple of 1 KiB)
+    sum the filter gradient pixel by pixel over all channels; other layers run the tiles. Each
+    channel's sums depend on that channel alone, and at these widths both take the same tiles
+    (one per run), so the first `narrow` channels must come out the same bits either way."""
+    g = torch.Generator().manual_seed(W * 10 + k[1])
+    x = torch.randn(3, 5, W, C, generator=g).to(dtype)
+    f = torch.randn(k[0], k[1], C, 1, generator=g).to(dtype)
+    y = T.depthwise_conv2d_native(x, f, [1, 1, 1, 1], "SAME")
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    wide = T.depthwise_conv2d_native_backprop_filter(x, list(f.shape), dy, [1, 1, 1, 1], "SAME")
+    xs, dys = x[..., :narrow].contiguous(), dy[..., :narrow].contiguous()
+    tiles = T.depthwise_conv2d_native_backprop_filter(
+        xs, [k[0], k[1], narrow, 1], dys, [1, 1, 1, 1], "SAME"
+    )
+    assert torch.equal(wide[:, :, :narrow], tiles)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
 def test_half_types_accumulate_in_float(dtype, fmt):

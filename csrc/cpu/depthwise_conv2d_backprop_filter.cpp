@@ -262,6 +262,43 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
       filter_grad_scalar(rows.x[a], dyrow, ck, cs, NC, q, len, sW, C, c, c1, rows.part[a]);
 }
 
+// The same sums for one tile of columns [q, q + len) (1 to 7 column taps, whole channel
+// vectors), pixel by pixel: each (column, tap) pair adds its products over every channel, a
+// contiguous sweep, into tmp (rows.n * nc * C accumulators, the first column's products
+// starting from 0), and the last column's sums go into the partials. Per lane these are the
+// tiles' operations in the tiles' order, so the same bits. Where pixels alias in L1, the tiles'
+// channel-block sweeps read one line of each pixel at a time, from sets that evict each other;
+// these sweeps read each pixel's lines in a row.
+template <typename scalar_t>
+void filter_grad_tile_by_pixel(const TapRows<scalar_t>& rows, const scalar_t* dyrow,
+                               const int64_t* ck, const int64_t* cs, int64_t nc, int64_t q,
+                               int64_t len, int64_t sW, int64_t C, acc_t<scalar_t>* tmp) {
+  using A = acc_t<scalar_t>;
+  using Vec = Vectorized<A>;
+  using Wd = Widen<scalar_t, A>;
+  constexpr int64_t L = Vec::size();
+  for (int64_t t = 0; t < len; ++t) {
+    const scalar_t* dp = dyrow + (q + t) * C;
+    const bool first = t == 0, last = t == len - 1;
+    for (int64_t a = 0; a < rows.n; ++a) {
+      for (int64_t b = 0; b < nc; ++b) {
+        const scalar_t* xp = rows.x[a] + (cs[b] + t * sW) * C;
+        A* tp = tmp + (a * nc + b) * C;
+        A* pp = rows.part[a] + ck[b] * C;
+#pragma GCC unroll 4
+        for (int64_t c = 0; c < C; c += L) {
+          const Vec sum = at::vec::fmadd(Wd::load(xp + c), Wd::load(dp + c),
+                                         first ? Vec(A(0)) : Vec::loadu(tp + c));
+          if (last)
+            (Vec::loadu(pp + c) + sum).store(pp + c);
+          else
+            sum.store(tp + c);
+        }
+      }
+    }
+  }
+}
+
 template <typename scalar_t>
 void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
                          const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
@@ -310,11 +347,15 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   // partial once, instead of tiles of 8 + 4 + rest. (On layers with longer rows such a tail is
   // slower than 8 + 4 + rest, hence only where pixels alias.)
   const bool merge_3 = pixels_alias_in_l1<scalar_t>(C);
+  // There, on the 8-lane path, the tiles run pixel by pixel over all channels at once
+  // (filter_grad_tile_by_pixel; the AVX-512 tiles read whole lines and keep their sweeps).
+  const bool by_pixel = merge_3 && !wide && C % Vectorized<A>::size() == 0;
   std::vector<int64_t> first_new(g.Ho, g.H);
   for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
   for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)
     first_new[0] = std::min(first_new[0], rows.src[a]);
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    std::vector<A> tmp;  // filter_grad_tile_by_pixel's accumulators
     for (int64_t ch = cb; ch < ce; ++ch) {
       A* pc = part.data() + ch * F;
       for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr) {
@@ -328,8 +369,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
             tr.part[tr.n] = pc + rows.k[a] * g.fw * C;
           }
           // Channels in chunks (as the correlation): a tile's pixels stay within L1.
-          for (int64_t c0 = 0; c0 < C; c0 += kChannelChunk) {
-            const int64_t c1 = std::min(C, c0 + kChannelChunk);
+          for (int64_t c0 = 0; c0 < C; c0 += by_pixel ? C : kChannelChunk) {
+            const int64_t c1 = by_pixel ? C : std::min(C, c0 + kChannelChunk);
             for (int64_t q = 0; q < g.Wo;) {
               const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
               // Tiles of 8 (then 4) columns of a run share q's taps, shifted by sW per column.
@@ -347,14 +388,21 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                                                         : rest;
                 // The next output row's new rows into L2. (Also prefetching the next tile of
                 // this row into L1 made it slower or no faster at every shape tried.)
-                if (nr + 1 < R && fits && nc > 0) {
+                if (nr + 1 < R && fits && nc > 0 && !by_pixel) {
                   prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
                   for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
                     prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
                                     std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
                 }
-                filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
-                                    g.sW, C, c0, c1, wide);
+                if (by_pixel && fits && nc >= 1 && nc <= 7) {
+                  const size_t need = static_cast<size_t>(tr.n * nc * C);
+                  if (tmp.size() < need) tmp.resize(need);
+                  filter_grad_tile_by_pixel(tr, dyrow, cols.k.data() + o, cs, nc, q + t0, tl, g.sW,
+                                            C, tmp.data());
+                } else {
+                  filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
+                                      g.sW, C, c0, c1, wide);
+                }
                 if (!fits) break;
               }
               q += len;
