@@ -230,6 +230,36 @@ def test_filter_gradient_by_pixel_equals_the_tiles_bit_for_bit(dtype, C, narrow,
     assert torch.equal(wide[:, :, :narrow], tiles)
 
 
+@pytest.mark.parametrize(
+    "C,s,W,padding",
+    [
+        (512, 1, 14, "SAME"),
+        (512, 1, 9, "VALID"),
+        (512, 1, 6, "SAME"),
+        (256, 2, 28, "SAME"),
+        (256, 2, 15, "VALID"),
+        (1024, 1, 7, "SAME"),
+    ],
+)
+def test_correlation_by_pixel_equals_the_tiles_bit_for_bit(C, s, W, padding):
+    """On the 8-lane path, float 3x3 layers whose pixels alias in L1 with 512+ channels or
+    source step 2 run the forward and the input gradient pixel by pixel; narrower layers run
+    the sliding tiles. Each channel depends on itself alone: the first C - 8 channels must be
+    the same bits either way (the tiles' tap order, taken over by the pixel path)."""
+    g = torch.Generator().manual_seed(C + W + s)
+    x = torch.randn(2, 9, W, C, generator=g)
+    f = torch.randn(3, 3, C, 1, generator=g)
+    st = [1, s, s, 1]
+    y = T.depthwise_conv2d_native(x, f, st, padding)
+    dy = torch.randn(y.shape, generator=g)
+    dx = T.depthwise_conv2d_native_backprop_input(list(x.shape), f, dy, st, padding)
+    n = C - 8
+    xs, fs, dys = x[..., :n].contiguous(), f[:, :, :n].contiguous(), dy[..., :n].contiguous()
+    assert torch.equal(y[..., :n], T.depthwise_conv2d_native(xs, fs, st, padding))
+    want = T.depthwise_conv2d_native_backprop_input(list(xs.shape), fs, dys, st, padding)
+    assert torch.equal(dx[..., :n], want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
 def test_half_types_accumulate_in_float(dtype, fmt):

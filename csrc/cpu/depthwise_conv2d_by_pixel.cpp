@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "cpu/depthwise_conv2d_cpu.h"
 #include "cpu/depthwise_conv2d_row_staging.h"
+#include "cpu/isa.h"
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {
@@ -79,8 +81,31 @@ bool few_taps_per_pixel(const Correlation<scalar_t>& p) {
          max_count(*p.rows, p.Hd) * max_count(*p.cols, p.Wd) <= kMaxPixelTaps;
 }
 
+// Float layers whose pixels alias in L1 on the 8-lane path, with pixels of 2 KiB or more (512
+// channels) or a source step of 2: their tiles are 4 columns of two channel vectors, which
+// reread each source pixel line by line; pixel by pixel, each source pixel's lines are read in
+// a row, for twice the loads per FMA. (At 256 channels and source step 1 the tiles stay ahead;
+// measurements in docs/perf-notes/depthwise_conv2d.md.) The tiles of a float layer slide over
+// every destination pixel (clipped at the borders) and sum each tap row's column taps in
+// ascending source order: with unit dilation along W (consecutive sources) and the taps in
+// that order, these are the tiles' sums in the tiles' order, so the same bits. (The AVX-512
+// tiles read whole lines and keep the tiles; so do 5x5 layers, over kMaxPixelTaps.)
 template <typename scalar_t>
-void correlate_by_pixel(const Correlation<scalar_t>& p) {
+bool aliasing_by_pixel(const Correlation<scalar_t>& p) {
+  if (!std::is_same_v<scalar_t, float> || !pixels_alias_in_l1<scalar_t>(p.C) ||
+      (p.C * static_cast<int64_t>(sizeof(scalar_t)) < 2048 && p.sstep != 2) ||
+      (p.C % 16 == 0 && avx512_enabled()) ||
+      max_count(*p.rows, p.Hd) * max_count(*p.cols, p.Wd) > kMaxPixelTaps)
+    return false;
+  const AxisTaps& cols = *p.cols;
+  for (int64_t q = 0; q < p.Wd; ++q)
+    for (int64_t b = cols.offset[q] + 1; b < cols.offset[q + 1]; ++b)
+      if (std::abs(cols.src[b] - cols.src[b - 1]) != 1) return false;
+  return true;
+}
+
+template <typename scalar_t>
+void correlate_by_pixel(const Correlation<scalar_t>& p, bool ascending_columns) {
   const AxisTaps& rows = *p.rows;
   const AxisTaps& cols = *p.cols;
   const int64_t C = p.C, row_elems = p.Wd * C;
@@ -105,8 +130,11 @@ void correlate_by_pixel(const Correlation<scalar_t>& p) {
       for (int64_t q0 = 0; q0 < std::min(p.qstep, p.Wd); ++q0) {
         for (int64_t q = q0; q < p.Wd; q += run[q] * p.qstep) {
           int64_t nt = 0;
+          const int64_t b0 = cols.offset[q], nb = cols.count(q);
+          const bool reverse = ascending_columns && nb > 1 && cols.src[b0] > cols.src[b0 + 1];
           for (int64_t a = rows.offset[r]; a < rows.offset[r + 1]; ++a)
-            for (int64_t b = cols.offset[q]; b < cols.offset[q + 1]; ++b, ++nt) {
+            for (int64_t i = 0; i < nb; ++i, ++nt) {
+              const int64_t b = reverse ? b0 + nb - 1 - i : b0 + i;
               sp[nt] = simg + (rows.src[a] * p.Ws + cols.src[b]) * C;
               fp[nt] = p.filt + (rows.k[a] * p.fw + cols.k[b]) * C;
             }
@@ -137,14 +165,18 @@ void correlate_by_pixel(const Correlation<scalar_t>& p) {
   });
 }
 
+template bool aliasing_by_pixel<float>(const Correlation<float>&);
+template bool aliasing_by_pixel<double>(const Correlation<double>&);
+template bool aliasing_by_pixel<c10::Half>(const Correlation<c10::Half>&);
+template bool aliasing_by_pixel<c10::BFloat16>(const Correlation<c10::BFloat16>&);
 template bool few_taps_per_pixel<float>(const Correlation<float>&);
 template bool few_taps_per_pixel<double>(const Correlation<double>&);
 template bool few_taps_per_pixel<c10::Half>(const Correlation<c10::Half>&);
 template bool few_taps_per_pixel<c10::BFloat16>(const Correlation<c10::BFloat16>&);
-template void correlate_by_pixel<float>(const Correlation<float>&);
-template void correlate_by_pixel<double>(const Correlation<double>&);
-template void correlate_by_pixel<c10::Half>(const Correlation<c10::Half>&);
-template void correlate_by_pixel<c10::BFloat16>(const Correlation<c10::BFloat16>&);
+template void correlate_by_pixel<float>(const Correlation<float>&, bool);
+template void correlate_by_pixel<double>(const Correlation<double>&, bool);
+template void correlate_by_pixel<c10::Half>(const Correlation<c10::Half>&, bool);
+template void correlate_by_pixel<c10::BFloat16>(const Correlation<c10::BFloat16>&, bool);
 
 }  // namespace depthwise_cpu
 }  // namespace torch_tfgrads

@@ -112,12 +112,17 @@ bool streams_whole_lines(const Correlation<scalar_t>& p) {
 template <typename scalar_t>
 void correlate_channels_last(const Correlation<scalar_t>& p);
 
-// Whether p's destination pixels have so few taps that correlate_by_pixel beats the tiles, and
-// that path (depthwise_conv2d_by_pixel.cpp).
+// Whether p's destination pixels have so few taps that correlate_by_pixel beats the tiles;
+// whether p is a float layer whose pixels alias in L1 that correlate_by_pixel runs instead of
+// the 8-lane tiles, in their order (aliasing_by_pixel); and that path, with each tap row's
+// column taps in ascending source order (the sliding tiles' order) or as listed
+// (depthwise_conv2d_by_pixel.cpp).
 template <typename scalar_t>
 bool few_taps_per_pixel(const Correlation<scalar_t>& p);
 template <typename scalar_t>
-void correlate_by_pixel(const Correlation<scalar_t>& p);
+bool aliasing_by_pixel(const Correlation<scalar_t>& p);
+template <typename scalar_t>
+void correlate_by_pixel(const Correlation<scalar_t>& p, bool ascending_columns = false);
 
 // [.., C] -> [.., C*M], each channel repeated M times (output channel c*M+m reads channel c).
 inline at::Tensor repeat_channels(const at::Tensor& t_cl, int64_t M) {

@@ -388,6 +388,10 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
     correlate_by_pixel(p);
     return;
   }
+  if (aliasing_by_pixel(p)) {
+    correlate_by_pixel(p, /*ascending_columns=*/true);
+    return;
+  }
   const AxisTaps& rows = *p.rows;
   const std::vector<int64_t> last_src = furthest_sources(rows, p.Hd);
   const int64_t taps = std::max<int64_t>(1, rows.k.size() / std::max<int64_t>(1, p.Hd)) *
