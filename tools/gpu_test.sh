@@ -58,8 +58,8 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 wanted build && step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
 wanted check-build && step check-build "$PY" -m torch_tfgrads check-build --require-cuda
 if wanted cuda-tests; then
-  step cuda-tests env TFGRADS_REQUIRE_CUDA=1 "$PY" -m pytest -q -rs -m needs_cuda -p no:cacheprovider \
-    tests
+  step cuda-tests env TFGRADS_REQUIRE_CUDA=1 \
+    "$PY" -m pytest -q -rs -m needs_cuda -p no:cacheprovider tests
   grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' \
     | tee -a "$SUMMARY"
 fi
@@ -74,7 +74,8 @@ for tool in memcheck racecheck; do
 done
 if wanted bench; then
   for b in fused_batch_norm fractional_pool depthwise_conv2d cudnn_rnn; do
-    step "bench-$b" timeout "${BENCH_TIMEOUT:-60}" "$PY" "benchmarks/bench_$b.py" --device cuda --quick
+    step "bench-$b" timeout "${BENCH_TIMEOUT:-60}" \
+      "$PY" "benchmarks/bench_$b.py" --device cuda --quick
   done
 fi
 echo "gpu-test: $([ $failed = 0 ] && echo OK || echo FAILED); report in $REPORT" | tee -a "$SUMMARY"

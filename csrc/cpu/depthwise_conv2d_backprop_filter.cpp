@@ -348,8 +348,11 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   // slower than 8 + 4 + rest, hence only where pixels alias.)
   const bool merge_3 = pixels_alias_in_l1<scalar_t>(C);
   // There, on the 8-lane path, the tiles run pixel by pixel over all channels at once
-  // (filter_grad_tile_by_pixel; the AVX-512 tiles read whole lines and keep their sweeps).
-  const bool by_pixel = merge_3 && !wide && C % Vectorized<A>::size() == 0;
+  // (filter_grad_tile_by_pixel, up to 7 column taps; the AVX-512 tiles read whole lines and
+  // keep their sweeps).
+  int64_t most_taps = 0;
+  for (int64_t q = 0; q < g.Wo; ++q) most_taps = std::max(most_taps, cols.count(q));
+  const bool by_pixel = merge_3 && !wide && C % Vectorized<A>::size() == 0 && most_taps <= 7;
   std::vector<int64_t> first_new(g.Ho, g.H);
   for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
   for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)
@@ -394,7 +397,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                     prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
                                     std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
                 }
-                if (by_pixel && fits && nc >= 1 && nc <= 7) {
+                if (by_pixel && nc > 0) {
                   const size_t need = static_cast<size_t>(tr.n * nc * C);
                   if (tmp.size() < need) tmp.resize(need);
                   filter_grad_tile_by_pixel(tr, dyrow, cols.k.data() + o, cs, nc, q + t0, tl, g.sW,
