@@ -174,10 +174,6 @@ def main():
         path, where, peers = "CUDA", "cuda", "torch.nn on cuDNN"
     else:
         paths = T.cpu.cpu_paths()
-        # the step cells from rnn_brgemm_max_rows_per_thread batch rows per thread on (None:
-        # the fused steps at every batch size)
-        rows = paths["rnn_brgemm_max_rows_per_thread"]
-        brgemm_below = float("inf") if rows is None else rows * torch.get_num_threads()
         where, peers = f"{common.THREADS} threads", "Keras in a tf.function"
     print(
         f"CudnnRNN forward+backward, float32, 1 layer, {where}, torch {torch.__version__}, TF "
@@ -203,8 +199,7 @@ def main():
                 row += [common.fmt_ms(ours), common.fmt_ms(pt)]
                 row += [] if cuda else [common.fmt_ms(ke)]
                 if not cuda:
-                    batch = shape[1]  # (T, B, I, U)
-                    path = "BRGEMM" if paths["rnn_brgemm"] and batch < brgemm_below else "cells"
+                    path = "BRGEMM" if paths["rnn_brgemm"] else "cells"
                     if D == 2 and directions_in_turn(paths, mode, shape) and path == "BRGEMM":
                         path += " in turn"
                 row += [

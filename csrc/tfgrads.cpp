@@ -23,10 +23,9 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
     const bool brgemm = torch_tfgrads::rnn_brgemm_available();
     const bool batched = torch_tfgrads::rnn_batched_gemms_on_brgemm();
     return Py_BuildValue(
-        "{s:O,s:O,s:L,s:s,s:L}", "avx512_kernels", avx512 ? Py_True : Py_False, "rnn_brgemm",
-        brgemm ? Py_True : Py_False, "rnn_brgemm_max_rows_per_thread",
-        static_cast<long long>(torch_tfgrads::rnn_step_cells_from_rows_per_thread()),
-        "rnn_batched_gemms", batched ? "brgemm" : "aten", "rnn_directions_in_turn_above_bytes",
+        "{s:O,s:O,s:s,s:L}", "avx512_kernels", avx512 ? Py_True : Py_False, "rnn_brgemm",
+        brgemm ? Py_True : Py_False, "rnn_batched_gemms", batched ? "brgemm" : "aten",
+        "rnn_directions_in_turn_above_bytes",
         static_cast<long long>(torch_tfgrads::rnn_directions_in_turn_above_bytes()));
   } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());

@@ -200,16 +200,14 @@ def test_fused_steps_split_rows_or_blocks(case, threads):
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
-@pytest.mark.parametrize("below", [True, False], ids=["fused", "step_cells"])
-def test_both_sides_of_the_batch_size_rule(mode, below):
-    # With AVX-512, from rnn_brgemm_max_rows_per_thread batch rows per thread the CPU op runs its
-    # step cells (ATen's GEMMs, with the weight gradients as one GEMM), below it the fused steps
-    # (on AVX2 the fused steps at both sizes, the threads splitting each step's unit blocks); in
-    # float32 against the float64 oracle, with lengths (rows past theirs carry h and c).
-    limit = T.cpu.cpu_paths()["rnn_brgemm_max_rows_per_thread"] or 32
-    rows = limit - (1 if below else 0)
-    lengths = [(3 * b) % 6 + 1 for b in range(rows)]
-    _float32_on_cpu_matches_oracle(Case(mode, 1, 1, T_=6, B=rows, I=12, U=32, lengths=lengths), 1)
+@pytest.mark.parametrize("batch", [15, 65])
+def test_fused_steps_with_few_and_many_rows_per_thread(mode, batch):
+    # The fused float32 steps run at every batch size. With AVX-512, 65 rows on two threads are
+    # owned 33 and 32 per thread (each runs every step for its rows) and 15 split each step's unit
+    # blocks instead; on AVX2 both split the blocks. Against the float64 oracle, with lengths
+    # (rows past theirs carry h and c).
+    lengths = [(3 * b) % 6 + 1 for b in range(batch)]
+    _float32_on_cpu_matches_oracle(Case(mode, 1, 1, T_=6, B=batch, I=12, U=32, lengths=lengths), 2)
 
 
 def test_padded_outputs_are_zero_and_states_taken_at_each_length():

@@ -30,7 +30,7 @@ FORCED = {
             # the RNN's batched GEMMs go through ATen without our AVX-512 kernels
             "test_cudnn_rnn_tf.py::test_matches_keras",
             "test_cudnn_rnn.py::test_fused_steps_split_rows_or_blocks",
-            "test_cudnn_rnn.py::test_both_sides_of_the_batch_size_rule",
+            "test_cudnn_rnn.py::test_fused_steps_with_few_and_many_rows_per_thread",
         ],
     ),
     "no-brgemm": (

@@ -47,11 +47,10 @@ def cpu_model() -> str:
 
 
 def cpu_paths() -> dict:
-    """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm",
-    "rnn_brgemm_max_rows_per_thread", "rnn_batched_gemms", "rnn_directions_in_turn_above_bytes",
-    "forced"}``: the host, the ISA ATen dispatches to, whether our AVX-512 kernels and the RNN's
-    BRGEMM path run, the batch rows per thread from which the RNN runs its step cells instead
-    (None: never, as on AVX2), where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``),
+    """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "rnn_batched_gemms",
+    "rnn_directions_in_turn_above_bytes", "forced"}``: the host, the ISA ATen dispatches to,
+    whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32 steps) run, where
+    the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``),
     the size of a direction's weights above which a bidirectional layer on two threads runs its
     directions one after the other rather than one per thread (None: never), and the forcing
     environment variables that are set.
@@ -59,8 +58,6 @@ def cpu_paths() -> dict:
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
     without AVX-512)."""
     paths = dict(_C._cpu_paths())
-    # 0 from the extension: the fused steps run at every batch size (AVX2)
-    paths["rnn_brgemm_max_rows_per_thread"] = paths["rnn_brgemm_max_rows_per_thread"] or None
     # 0: the two directions always take a thread each
     turn = "rnn_directions_in_turn_above_bytes"
     paths[turn] = paths[turn] or None

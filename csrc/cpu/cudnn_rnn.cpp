@@ -109,10 +109,11 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
                              [&] { cell_backward_typed<scalar_t>(cfg, a); });
 }
 
-// The step cells with ATen's GEMMs; the fused steps on oneDNN's BRGEMM with the batched GEMMs
-// on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h).
-constexpr CellKernels kCpuStepCells{&cell_forward, &cell_backward, nullptr,
-                                    nullptr,       nullptr,        &aten_weight_grads};
+// The fused steps on oneDNN's BRGEMM at every batch size (float32; the step cells with ATen's
+// GEMMs for the other types, or where BRGEMM is unavailable or disabled), with the batched GEMMs
+// on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h). (A batch-size rule
+// that ran the step cells from 32 rows per thread was measured on an AVX2 host, and is slower on
+// AVX-512 too now: docs/perf-notes/cudnn_rnn.md.)
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
                                 &backward_direction, &cpu_matmul,    &cpu_weight_grads,
@@ -121,22 +122,10 @@ constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,       &cell_backward, &f
                                          &backward_direction, nullptr,        &aten_weight_grads,
                                          &directions_in_turn};
 #else
-constexpr CellKernels kCpuCells = kCpuStepCells;
-constexpr CellKernels kCpuCellsAtenGemms = kCpuStepCells;
+constexpr CellKernels kCpuCells{&cell_forward, &cell_backward, nullptr,
+                                nullptr,       nullptr,        &aten_weight_grads};
+constexpr CellKernels kCpuCellsAtenGemms = kCpuCells;
 #endif
-
-// With AVX-512, where each thread owns its batch rows in the fused steps, the BRGEMM pieces pay
-// off while each thread has few rows; from 32 rows per thread the step cells with ATen's GEMMs
-// are faster, LSTM and GRU alike (measured on the AVX2 host before its threads split the blocks
-// instead; docs/perf-notes/cudnn_rnn.md). A forward and its backward see the same batch, so they
-// take the same path.
-bool use_brgemm(const at::Tensor& input, bool time_major) {
-  if (input.dim() != 3) return true;  // the checks raise
-  const int64_t rows = rnn_step_cells_from_rows_per_thread();
-  if (rows == 0) return true;
-  const int64_t batch = input.size(time_major ? 1 : 0);
-  return batch < rows * std::max(1, at::get_num_threads());
-}
 
 ForwardResult cpu_forward(const at::Tensor& input, const at::Tensor& input_h,
                           const at::Tensor& input_c, const at::Tensor& params,
@@ -144,9 +133,8 @@ ForwardResult cpu_forward(const at::Tensor& input, const at::Tensor& input_h,
                           c10::string_view input_mode, c10::string_view direction, double dropout,
                           int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
                           bool time_major) {
-  auto op = !use_brgemm(input, time_major)  ? &forward_op<kCpuStepCells>
-            : rnn_batched_gemms_on_brgemm() ? &forward_op<kCpuCells>
-                                            : &forward_op<kCpuCellsAtenGemms>;
+  auto op = rnn_batched_gemms_on_brgemm() ? &forward_op<kCpuCells>
+                                          : &forward_op<kCpuCellsAtenGemms>;
   return op(input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode, direction,
             dropout, seed, seed2, num_proj, is_training, time_major);
 }
@@ -160,9 +148,8 @@ BackwardResult cpu_backward(const at::Tensor& input, const at::Tensor& input_h,
                             const at::Tensor& host_reserved, c10::string_view rnn_mode,
                             c10::string_view input_mode, c10::string_view direction, double dropout,
                             int64_t seed, int64_t seed2, int64_t num_proj, bool time_major) {
-  auto op = !use_brgemm(input, time_major)  ? &backward_op<kCpuStepCells>
-            : rnn_batched_gemms_on_brgemm() ? &backward_op<kCpuCells>
-                                            : &backward_op<kCpuCellsAtenGemms>;
+  auto op = rnn_batched_gemms_on_brgemm() ? &backward_op<kCpuCells>
+                                          : &backward_op<kCpuCellsAtenGemms>;
   return op(input, input_h, input_c, params, sequence_lengths, output, output_h, output_c,
             output_backprop, output_h_backprop, output_c_backprop, reserve_space, host_reserved,
             rnn_mode, input_mode, direction, dropout, seed, seed2, num_proj, time_major);

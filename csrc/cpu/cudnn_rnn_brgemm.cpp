@@ -454,10 +454,6 @@ bool rnn_brgemm_available() {
 
 bool rnn_batched_gemms_on_brgemm() { return rnn_brgemm_available() && avx512_enabled(); }
 
-int64_t rnn_step_cells_from_rows_per_thread() {
-  return avx512_enabled() ? kBrgemmMaxRowsPerThread : 0;
-}
-
 int64_t rnn_directions_in_turn_above_bytes() {
   return rnn_brgemm_available() && !avx512_enabled() ? kDirectionsInTurnAboveBytes : 0;
 }

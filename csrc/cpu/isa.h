@@ -37,13 +37,6 @@ bool rnn_brgemm_available();
 // when it is available and our AVX-512 kernels are on (TFGRADS_CPU_CAPABILITY=avx2 forces ATen).
 bool rnn_batched_gemms_on_brgemm();
 
-// Batch rows per thread from which the RNN runs its step cells even where BRGEMM is available
-// (cpu/cudnn_rnn.cpp), when each thread owns its rows in the fused steps (with AVX-512); 0 where
-// the fused steps run at every batch size (AVX2: the threads split each step's unit blocks).
-// torch_tfgrads.cpu.cpu_paths() reports it.
-constexpr int64_t kBrgemmMaxRowsPerThread = 32;
-int64_t rnn_step_cells_from_rows_per_thread();
-
 // A bidirectional layer's two directions run each on its own thread of a two-thread CPU,
 // except on AVX2 hosts (with the fused BRGEMM steps) when a direction's weights, W and R, take
 // more than this many bytes: there they run one after the other, each step's unit blocks split
