@@ -33,6 +33,18 @@ FORCED = {
             "test_cudnn_rnn.py::test_fused_steps_with_few_and_many_rows_per_thread",
         ],
     ),
+    # the 8-lane depthwise kernels on layers whose pixels alias in L1, both ways on any host
+    **{
+        f"avx2-{how}": (
+            {"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DEPTHWISE_ALIASING": how},
+            [
+                "test_depthwise_conv2d_tf.py::test_matches_tensorflow",
+                "test_depthwise_conv2d.py::test_filter_gradient_by_pixel_equals_the_tiles_bit_for_bit",
+                "test_depthwise_conv2d.py::test_correlation_by_pixel_equals_the_tiles_bit_for_bit",
+            ],
+        )
+        for how in ("by_pixel", "tiles")
+    },
     "no-brgemm": (
         {"TFGRADS_DISABLE_BRGEMM": "1"},
         ["test_cudnn_rnn_tf.py::test_matches_keras", "test_cudnn_rnn.py"],
@@ -67,9 +79,11 @@ def _paths(env_overrides):
 def test_tensorflow_parity_holds_on_the_forced_path(tf, path):
     env, tests = FORCED[path]
     paths = _paths(env)
-    if path == "avx2":
+    if path.startswith("avx2"):
         assert paths["avx512_kernels"] is False, paths
         assert paths["rnn_batched_gemms"] == "aten", paths
+        if path != "avx2":
+            assert paths["depthwise_aliasing"] == path.removeprefix("avx2-"), paths
     else:
         assert paths["rnn_brgemm"] is False, paths
     args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not needs_cuda"]
@@ -92,6 +106,7 @@ def test_cpu_paths_report_the_host():
     # a bidirectional layer's directions take turns (when wide) only on the AVX2 fused steps
     in_turn = p["rnn_brgemm"] and not p["avx512_kernels"]
     assert p["rnn_directions_in_turn_above_bytes"] == ((3 << 20) if in_turn else None), p
+    assert p["depthwise_aliasing"] in ("by_pixel", "tiles"), p
     assert T.cpu.describe().startswith(p["cpu"])
 
 
@@ -101,6 +116,12 @@ def test_forcing_variables_are_checked():
     )
     assert bad.returncode != 0
     assert "TFGRADS_CPU_CAPABILITY must be avx2, avx512 or unset, got 'sse'" in bad.stderr
+    bad = _child(
+        {"TFGRADS_DEPTHWISE_ALIASING": "rows"},
+        ["-c", "import torch_tfgrads as T; T.cpu.cpu_paths()"],
+    )
+    assert bad.returncode != 0
+    assert "TFGRADS_DEPTHWISE_ALIASING must be by_pixel, tiles or unset, got 'rows'" in bad.stderr
     forced = _paths({"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DISABLE_BRGEMM": "1"})
     assert forced["forced"] == {"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DISABLE_BRGEMM": "1"}
     # avx512 where the host (or ATen) has none is an error, not a silent fallback

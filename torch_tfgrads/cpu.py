@@ -8,6 +8,17 @@ process at the first use, force a path so that any host can measure and test the
 * ``TFGRADS_CPU_CAPABILITY=avx2``: our AVX-512 kernels off (ATen keeps its own; set
   ``ATEN_CPU_CAPABILITY=avx2`` to turn both off). ``=avx512`` makes their absence an error.
 * ``TFGRADS_DISABLE_BRGEMM=1``: the RNN runs its per-step cells and ATen's GEMMs.
+* ``TFGRADS_DEPTHWISE_ALIASING=by_pixel|tiles``: how the 8-lane depthwise kernels run the
+  layers whose pixels alias in L1 (float channels a multiple of 256): pixel by pixel over all
+  channels (by default where the CPU lacks AVX-512, measured faster on AMD Zen 3) or as the
+  sliding tiles (by default where it has AVX-512, measured faster on Zen 4 when forced to the
+  8-lane kernels).
+
+An AVX2 host, peers included, is emulated on an AVX-512 one with
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``: ATen, our
+kernels, oneDNN (PyTorch's and TensorFlow's, the RNN's BRGEMM micro-kernels too) and MKL all
+stay at AVX2. Those variables belong to the libraries; ``cpu_paths()["forced"]`` lists them
+too, so that benchmark headers say what ran.
 
 The RNN's batched GEMMs (weight gradients, GRU's input projection) run on BRGEMM only with our
 AVX-512 kernels on; on AVX2 hosts MKL's GEMM, through ATen, is the faster one.
@@ -24,7 +35,14 @@ import torch
 
 from . import _C
 
-ENV_VARS = ("TFGRADS_CPU_CAPABILITY", "TFGRADS_DISABLE_BRGEMM", "ATEN_CPU_CAPABILITY")
+ENV_VARS = (
+    "TFGRADS_CPU_CAPABILITY",
+    "TFGRADS_DISABLE_BRGEMM",
+    "TFGRADS_DEPTHWISE_ALIASING",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+)
 
 
 def cpu_model() -> str:
@@ -48,15 +66,16 @@ def cpu_model() -> str:
 
 def cpu_paths() -> dict:
     """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "rnn_batched_gemms",
-    "rnn_directions_in_turn_above_bytes", "forced"}``: the host, the ISA ATen dispatches to,
-    whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32 steps) run, where
-    the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``),
-    the size of a direction's weights above which a bidirectional layer on two threads runs its
-    directions one after the other rather than one per thread (None: never), and the forcing
-    environment variables that are set.
+    "rnn_directions_in_turn_above_bytes", "depthwise_aliasing", "forced"}``: the host, the ISA
+    ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32
+    steps) run, where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), the size of a
+    direction's weights above which a bidirectional layer on two threads runs its directions
+    one after the other rather than one per thread (None: never), how the 8-lane depthwise
+    kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), and the
+    forcing environment variables that are set.
 
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
-    without AVX-512)."""
+    without AVX-512) or ``TFGRADS_DEPTHWISE_ALIASING``."""
     paths = dict(_C._cpu_paths())
     # 0: the two directions always take a thread each
     turn = "rnn_directions_in_turn_above_bytes"
@@ -77,5 +96,6 @@ def describe() -> str:
         f"{p['cpu']}, {os.cpu_count()} CPUs; ATen {p['aten_capability']}; our AVX-512 kernels "
         f"{'on' if p['avx512_kernels'] else 'off'}; RNN BRGEMM "
         f"{'on' if p['rnn_brgemm'] else 'off'} (batched GEMMs: {p['rnn_batched_gemms']}); "
+        f"{'' if p['avx512_kernels'] else 'depthwise aliasing layers: ' + p['depthwise_aliasing'] + '; '}"
         f"{forced}"
     )

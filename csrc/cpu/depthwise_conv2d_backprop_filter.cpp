@@ -349,10 +349,11 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   const bool merge_3 = pixels_alias_in_l1<scalar_t>(C);
   // There, on the 8-lane path, the tiles run pixel by pixel over all channels at once
   // (filter_grad_tile_by_pixel, up to 7 column taps; the AVX-512 tiles read whole lines and
-  // keep their sweeps).
+  // keep their sweeps), where depthwise_aliasing_by_pixel() says so (cpu/isa.h).
   int64_t most_taps = 0;
   for (int64_t q = 0; q < g.Wo; ++q) most_taps = std::max(most_taps, cols.count(q));
-  const bool by_pixel = merge_3 && !wide && C % Vectorized<A>::size() == 0 && most_taps <= 7;
+  const bool by_pixel = merge_3 && !wide && C % Vectorized<A>::size() == 0 && most_taps <= 7 &&
+                        depthwise_aliasing_by_pixel();
   std::vector<int64_t> first_new(g.Ho, g.H);
   for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
   for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)

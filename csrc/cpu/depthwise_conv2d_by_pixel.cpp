@@ -89,12 +89,13 @@ bool few_taps_per_pixel(const Correlation<scalar_t>& p) {
 // every destination pixel (clipped at the borders) and sum each tap row's column taps in
 // ascending source order: with unit dilation along W (consecutive sources) and the taps in
 // that order, these are the tiles' sums in the tiles' order, so the same bits. (The AVX-512
-// tiles read whole lines and keep the tiles; so do 5x5 layers, over kMaxPixelTaps.)
+// tiles read whole lines and keep the tiles; so do 5x5 layers, over kMaxPixelTaps; and so does
+// every layer where depthwise_aliasing_by_pixel() says no: CPUs with AVX-512, see cpu/isa.h.)
 template <typename scalar_t>
 bool aliasing_by_pixel(const Correlation<scalar_t>& p) {
   if (!std::is_same_v<scalar_t, float> || !pixels_alias_in_l1<scalar_t>(p.C) ||
       (p.C * static_cast<int64_t>(sizeof(scalar_t)) < 2048 && p.sstep != 2) ||
-      (p.C % 16 == 0 && avx512_enabled()) ||
+      (p.C % 16 == 0 && avx512_enabled()) || !depthwise_aliasing_by_pixel() ||
       max_count(*p.rows, p.Hd) * max_count(*p.cols, p.Wd) > kMaxPixelTaps)
     return false;
   const AxisTaps& cols = *p.cols;

@@ -52,4 +52,16 @@ bool brgemm_allowed() {
   return on;
 }
 
+bool depthwise_aliasing_by_pixel() {
+  static const bool on = [] {
+    const char* v = std::getenv("TFGRADS_DEPTHWISE_ALIASING");
+    const std::string forced = v == nullptr ? std::string() : std::string(v);
+    TORCH_CHECK_VALUE(forced.empty() || forced == "by_pixel" || forced == "tiles",
+                      "TFGRADS_DEPTHWISE_ALIASING must be by_pixel, tiles or unset, got '", forced,
+                      "'");
+    return forced.empty() ? !cpu_has_avx512() : forced == "by_pixel";
+  }();
+  return on;
+}
+
 }  // namespace torch_tfgrads

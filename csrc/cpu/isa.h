@@ -45,4 +45,12 @@ bool rnn_batched_gemms_on_brgemm();
 constexpr int64_t kDirectionsInTurnAboveBytes = int64_t{3} << 20;
 int64_t rnn_directions_in_turn_above_bytes();
 
+// Depthwise layers whose pixels alias in L1 (depthwise_conv2d_cpu.h), on the 8-lane path: the
+// filter gradient and the 3x3 forward and input gradient run pixel by pixel over all channels,
+// or as the sliding tiles. Pixel by pixel was the faster on a CPU without AVX-512 (Zen 3), the
+// tiles when a CPU with AVX-512 runs the 8-lane kernels (Zen 4, TFGRADS_CPU_CAPABILITY=avx2);
+// docs/perf-notes/depthwise_conv2d.md. So pixel by pixel where the CPU lacks AVX-512, unless
+// TFGRADS_DEPTHWISE_ALIASING=by_pixel|tiles forces either (to measure and test both anywhere).
+bool depthwise_aliasing_by_pixel();
+
 }  // namespace torch_tfgrads
