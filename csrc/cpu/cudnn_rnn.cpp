@@ -111,9 +111,9 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 
 // The fused steps on oneDNN's BRGEMM at every batch size (float32; the step cells with ATen's
 // GEMMs for the other types, or where BRGEMM is unavailable or disabled), with the batched GEMMs
-// on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h). (A batch-size rule
-// that ran the step cells from 32 rows per thread was measured on an AVX2 host, and is slower on
-// AVX-512 too now: docs/perf-notes/cudnn_rnn.md.)
+// on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h). The step cells
+// used to take over from 32 batch rows per thread, a rule measured on an AVX2 host only; on an
+// AVX-512 host the fused steps were faster at those sizes too (docs/perf-notes/cudnn_rnn.md).
 #ifdef CPUBLAS_BRGEMM_F32F32F32
 constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
                                 &backward_direction, &cpu_matmul,    &cpu_weight_grads,

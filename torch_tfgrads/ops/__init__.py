@@ -5,12 +5,11 @@ compiled extension (`torch_tfgrads._C`) defines; `csrc/tfgrads.cpp` names this p
 `set_python_module`, so `torch.ops.tfgrads.*` works under FakeTensor once it is imported.
 """
 
-from .cudnn_rnn import (
-    cudnn_rnn_backprop_v3,
+from .cudnn_rnn import cudnn_rnn_backprop_v3, cudnn_rnn_v3
+from .cudnn_rnn_params import (
     cudnn_rnn_canonical_to_params_v2,
     cudnn_rnn_params_size,
     cudnn_rnn_params_to_canonical_v2,
-    cudnn_rnn_v3,
 )
 from .depthwise_conv2d import (
     depthwise_conv2d_native,

@@ -1,144 +1,28 @@
-"""CudnnRNN family: CudnnRNNV3, its backprop, the params size and the params conversions.
+"""CudnnRNN family: CudnnRNNV3 and its backprop (the params size and conversions are in
+cudnn_rnn_params.py, as in csrc/common/).
 
 Public functions (TF's argument names and defaults), the fake kernels (the checks of
 csrc/common/cudnn_rnn.cpp with the same messages) and the autograd formulas (TF's
-`_cudnn_rnn_backwardv3`, adjoint conversions, and a composite second order). The contract is in
-docs/ops/cudnn_rnn.md.
+`_cudnn_rnn_backwardv3` and a composite second order). The contract is in docs/ops/cudnn_rnn.md.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
 from . import cudnn_rnn_reference as rnn_reference
 from ._common import scalar_type_name, tf_shape
-from .cudnn_rnn_config import GATES, RnnConfig, reserve_numel
+from .cudnn_rnn_config import (
+    GATES,
+    RNN_ATTRS_DOC,
+    RnnConfig,
+    check_device,
+    check_float,
+    reserve_numel,
+)
+
 
 # ---- public functions -------------------------------------------------------------------------
-_RNN_ATTRS_DOC = """
-    ``rnn_mode``: "lstm" (gates i, f, c, o), "gru" (r, z, h; the reset gate applied after the
-    recurrent matmul, Keras ``reset_after=True``), "rnn_tanh", "rnn_relu". ``input_mode``:
-    "linear_input"; "skip_input" (input_size == num_units: layer 0 adds x to every gate instead
-    of W x, and the buffer has no layer-0 input matrices); "auto_select" (skip_input exactly
-    when input_size == num_units). ``direction``: "unidirectional" or "bidirectional".
-    ``num_proj`` > 0 (LSTM only): h = Wp (o * tanh(c)), Wp ``[num_proj, num_units]``.
-"""
-
-
-def _scalar_int(v, op, name):
-    """TF's size inputs are host int32 scalars; accept ints and 0-d integer tensors.
-
-    A size tensor is a value, not data: not a scalar is a ValueError, not an integer a
-    TypeError."""
-    if isinstance(v, torch.Tensor):
-        if v.dim() != 0:
-            raise ValueError(
-                f"{op}: argument '{name}': {name} is not a scalar (got shape {list(v.shape)})"
-            )
-        if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
-            raise TypeError(f"{op}: argument '{name}' must be an integer, got a {v.dtype} tensor")
-        return int(v.item())
-    return v if isinstance(v, torch.SymInt) else int(v)
-
-
-def cudnn_rnn_params_size(
-    num_layers: int | torch.Tensor,
-    num_units: int | torch.Tensor,
-    input_size: int | torch.Tensor,
-    rnn_mode: str = "lstm",
-    input_mode: str = "linear_input",
-    direction: str = "unidirectional",
-    num_proj: int = 0,
-) -> int:
-    """TF's `CudnnRNNParamsSize`: the number of elements of the opaque params buffer.
-
-    For linear_input this equals the parameter count of the matching ``torch.nn.LSTM/GRU/RNN``
-    (``proj_size=num_proj``). Returns a Python int (TF returns a ``[1]`` tensor).
-    """
-    op = "cudnn_rnn_params_size"
-    cfg = RnnConfig(
-        op,
-        rnn_mode,
-        input_mode,
-        direction,
-        _scalar_int(num_layers, op, "num_layers"),
-        _scalar_int(num_units, op, "num_units"),
-        _scalar_int(input_size, op, "input_size"),
-        int(num_proj),
-    )
-    return cfg.params_size()
-
-
-def cudnn_rnn_canonical_to_params_v2(
-    num_layers: int | torch.Tensor,
-    num_units: int | torch.Tensor,
-    input_size: int | torch.Tensor,
-    weights: Sequence[torch.Tensor],
-    biases: Sequence[torch.Tensor],
-    rnn_mode: str = "lstm",
-    input_mode: str = "linear_input",
-    direction: str = "unidirectional",
-    num_proj: int = 0,
-) -> torch.Tensor:
-    """TF's `CudnnRNNCanonicalToParamsV2`: canonical weights and biases -> the opaque buffer.
-
-    ``weights`` per pseudo-layer (layer-major, forward before backward): G gate input matrices
-    ``[U, in]``, G recurrent matrices ``[U, Hh]``, then ``Wp [P, U]`` with projection; ``biases``
-    per pseudo-layer: G input biases then G recurrent biases, each ``[U]``. The buffer holds,
-    per pseudo-layer, the matrices, the biases, then the projection: for one unidirectional
-    layer exactly what Keras/TF build, so TF checkpoints load unchanged. Differentiable.
-    """
-    op = "cudnn_rnn_canonical_to_params_v2"
-    if len(weights) == 0:  # the dispatcher needs a tensor to pick a device
-        raise RuntimeError(f"{op}: argument 'weights' must not be empty")
-    return torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2.default(
-        _scalar_int(num_layers, op, "num_layers"),
-        _scalar_int(num_units, op, "num_units"),
-        _scalar_int(input_size, op, "input_size"),
-        list(weights),
-        list(biases),
-        rnn_mode,
-        input_mode,
-        direction,
-        int(num_proj),
-    )
-
-
-def cudnn_rnn_params_to_canonical_v2(
-    num_layers: int | torch.Tensor,
-    num_units: int | torch.Tensor,
-    input_size: int | torch.Tensor,
-    params: torch.Tensor,
-    num_params_weights: int,
-    num_params_biases: int,
-    rnn_mode: str = "lstm",
-    input_mode: str = "linear_input",
-    direction: str = "unidirectional",
-    num_proj: int = 0,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """TF's `CudnnRNNParamsToCanonicalV2`: the exact inverse of the canonical -> params op.
-
-    Returns ``(weights, biases)`` lists (copies, in the order described there); the counts
-    must be ``L*D*(2G + [P>0])`` and ``L*D*2G`` (TF's checks and messages). Differentiable.
-    """
-    op = "cudnn_rnn_params_to_canonical_v2"
-    w, b = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2.default(
-        _scalar_int(num_layers, op, "num_layers"),
-        _scalar_int(num_units, op, "num_units"),
-        _scalar_int(input_size, op, "input_size"),
-        params,
-        int(num_params_weights),
-        int(num_params_biases),
-        rnn_mode,
-        input_mode,
-        direction,
-        int(num_proj),
-    )
-    return list(w), list(b)
-
-
 def _lengths(sequence_lengths, input, time_major):
     if sequence_lengths is not None:
         return sequence_lengths
@@ -254,20 +138,13 @@ def cudnn_rnn_backprop_v3(
     )
 
 
-for _f in (
-    cudnn_rnn_params_size,
-    cudnn_rnn_canonical_to_params_v2,
-    cudnn_rnn_params_to_canonical_v2,
-    cudnn_rnn_v3,
-    cudnn_rnn_backprop_v3,
-):
-    _f.__doc__ += _RNN_ATTRS_DOC
+for _f in (cudnn_rnn_v3, cudnn_rnn_backprop_v3):
+    _f.__doc__ += RNN_ATTRS_DOC
 
 
 # ---- fake kernels -----------------------------------------------------------------------------
 _RNN_FWD = "cudnn_rnn_v3"
 _RNN_BWD = "cudnn_rnn_backprop_v3"
-_RNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _check_dtype_like(op, input, t, name):
@@ -279,27 +156,7 @@ def _check_dtype_like(op, input, t, name):
             f"got {scalar_type_name(t.dtype)}"
         ),
     )
-    _check_device(op, input, "input", t, name)
-
-
-def _check_device(op, ref, ref_name, t, name):
-    torch._check(
-        t.device == ref.device,
-        lambda: (
-            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-            "tensors must be on one device"
-        ),
-    )
-
-
-def _check_float(op, t, name):
-    torch._check_type(
-        t.dtype in _RNN_DTYPES,
-        lambda: (
-            f"{op}: argument '{name}' must be a float16, bfloat16, float32 or float64 tensor, got "
-            f"{scalar_type_name(t.dtype)}"
-        ),
-    )
+    check_device(op, input, "input", t, name)
 
 
 def rnn_check_forward(
@@ -384,7 +241,7 @@ def rnn_check_forward(
         0.0 <= dropout < 1.0,
         lambda: f"{op}: argument 'dropout' must be in [0, 1), got {_cpp_double(dropout)}",
     )
-    _check_float(op, input, "input")
+    check_float(op, input, "input")
     _check_dtype_like(op, input, input_h, "input_h")
     if cfg.lstm:
         _check_dtype_like(op, input, input_c, "input_c")
@@ -532,7 +389,7 @@ def _cudnn_rnn_backprop_v3_fake(
             "be set to True"
         ),
     )
-    _check_device(op, input, "input", reserve_space, "reserve_space")
+    check_device(op, input, "input", reserve_space, "reserve_space")
     torch._check_type(
         reserve_space.dtype == input.dtype,
         lambda: (
@@ -547,145 +404,6 @@ def _cudnn_rnn_backprop_v3_fake(
         input_c_backprop,
         input.new_empty(params.shape),
     )
-
-
-def _config_text(cfg):
-    return (
-        f"num_layers={cfg.L}, num_units={cfg.U}, input_size={cfg.I}, directions={cfg.D}, "
-        f"num_proj={cfg.P}"
-    )
-
-
-@torch.library.register_fake("tfgrads::cudnn_rnn_canonical_to_params_v2")
-def _cudnn_rnn_canonical_to_params_v2_fake(
-    num_layers,
-    num_units,
-    input_size,
-    weights,
-    biases,
-    rnn_mode="lstm",
-    input_mode="linear_input",
-    direction="unidirectional",
-    num_proj=0,
-):
-    # The checks of csrc/common/cudnn_rnn_params.cpp, in its order.
-    op = "cudnn_rnn_canonical_to_params_v2"
-    cfg = RnnConfig(
-        op, rnn_mode, input_mode, direction, num_layers, num_units, input_size, num_proj
-    )
-    torch._check(len(weights) > 0, lambda: f"{op}: argument 'weights' must not be empty")
-    ref = weights[0]
-    torch._check_type(
-        ref.dtype in _RNN_DTYPES,
-        lambda: (
-            f"{op}: argument 'weights' must hold float16, bfloat16, float32 or float64 tensors, got "
-            f"{scalar_type_name(ref.dtype)}"
-        ),
-    )
-    w_shapes, b_shapes = cfg.canonical_shapes()
-    for name, ts, shapes in (("weights", weights, w_shapes), ("biases", biases, b_shapes)):
-        torch._check(
-            len(ts) == len(shapes),
-            lambda: (
-                f"{op}: argument '{name}': expected {len(shapes)} tensors for this configuration "
-                f"({_config_text(cfg)}), got {len(ts)}"
-            ),
-        )
-        for k, (t, s) in enumerate(zip(ts, shapes)):
-            torch._check(
-                list(t.shape) == list(s),
-                lambda: (
-                    f"{op}: argument '{name}': {name}[{k}] must have shape {tf_shape(s)}, got "
-                    f"{tf_shape(t.shape)}"
-                ),
-            )
-            torch._check_type(
-                t.dtype == ref.dtype,
-                lambda: (
-                    f"{op}: argument '{name}': {name}[{k}] must have dtype "
-                    f"{scalar_type_name(ref.dtype)}, got {scalar_type_name(t.dtype)}"
-                ),
-            )
-            _check_device(op, ref, "weights[0]", t, name)
-    return weights[0].new_empty((cfg.params_size(),))
-
-
-@torch.library.register_fake("tfgrads::cudnn_rnn_params_to_canonical_v2")
-def _cudnn_rnn_params_to_canonical_v2_fake(
-    num_layers,
-    num_units,
-    input_size,
-    params,
-    num_params_weights,
-    num_params_biases,
-    rnn_mode="lstm",
-    input_mode="linear_input",
-    direction="unidirectional",
-    num_proj=0,
-):
-    # The checks of csrc/common/cudnn_rnn_params.cpp (TF's, typos included), in its order.
-    op = "cudnn_rnn_params_to_canonical_v2"
-    cfg = RnnConfig(
-        op, rnn_mode, input_mode, direction, num_layers, num_units, input_size, num_proj
-    )
-    w_shapes, b_shapes = cfg.canonical_shapes()
-    LD = cfg.L * cfg.D
-    torch._check_value(
-        num_params_weights >= 1 and num_params_biases >= 1,
-        lambda: f"{op}: num_params_weights and num_params_biases must be >= 1",
-    )
-    if not cfg.skip_input:
-        torch._check_value(
-            num_params_weights % LD == 0,
-            lambda: f"{op}: Number of params (weights) is not a multipleof num_layers * num_dirs.",
-        )
-        torch._check_value(
-            num_params_biases % LD == 0,
-            lambda: f"{op}: Number of params (biases) is not a multipleof num_layers * num_dirs.",
-        )
-        per_layer = num_params_weights // LD
-        if cfg.P == 0:
-            torch._check_value(
-                per_layer % 2 == 0,
-                lambda: (
-                    f"{op}: Number of params (weights) per layer is notan even number with no "
-                    "projection."
-                ),
-            )
-        else:
-            torch._check_value(
-                per_layer % 2 == 1,
-                lambda: (
-                    f"{op}: Number of params (weights) per layer is notan odl number with "
-                    "projection."
-                ),
-            )
-    torch._check_value(
-        num_params_weights == len(w_shapes),
-        lambda: (
-            f"{op}: C Number of params mismatch. Expected {num_params_weights}, got {len(w_shapes)}"
-        ),
-    )
-    torch._check_value(
-        num_params_biases == len(b_shapes),
-        lambda: (
-            f"{op}: A Number of params mismatch. Expected {num_params_biases}, got {len(b_shapes)}"
-        ),
-    )
-    torch._check(
-        params.dim() == 1,
-        lambda: f"{op}: argument 'params' must be 1-D, got shape {tf_shape(params.shape)}",
-    )
-    expected = cfg.params_size()
-    torch._check(
-        params.shape[0] == expected,
-        lambda: (
-            f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
-            f"this configuration ({_config_text(cfg)}) is {expected}"
-        ),
-    )
-    _check_float(op, params, "params")
-    return ([params.new_empty(s) for s in w_shapes], [params.new_empty(s) for s in b_shapes])
 
 
 # ---- autograd ---------------------------------------------------------------------------------
@@ -746,63 +464,6 @@ def _rnn_backward(ctx, d_out, d_h, d_c, *_unused):
 
 torch.library.register_autograd(
     "tfgrads::cudnn_rnn_v3", _rnn_backward, setup_context=_rnn_setup_context
-)
-
-
-def _as_many_as_inputs(ctx, grads):
-    # Ops with Tensor[] inputs or outputs must return exactly one gradient per input the
-    # dispatcher passed, and it drops trailing arguments equal to their defaults;
-    # needs_input_grad has that structure.
-    return grads[: len(ctx.needs_input_grad)]
-
-
-# The params conversions are linear and each is the other's adjoint (they only move elements).
-def _canonical_to_params_setup_context(ctx, inputs, output):
-    num_layers, num_units, input_size, weights, biases, *attrs = inputs
-    ctx.sizes = (num_layers, num_units, input_size)
-    ctx.counts = (len(weights), len(biases))
-    ctx.attrs = attrs
-
-
-def _canonical_to_params_backward(ctx, g):
-    gw, gb = torch.ops.tfgrads.cudnn_rnn_params_to_canonical_v2(
-        *ctx.sizes, g, *ctx.counts, *ctx.attrs
-    )
-    grads = (None, None, None, list(gw), list(gb), None, None, None, None)
-    return _as_many_as_inputs(ctx, grads)
-
-
-torch.library.register_autograd(
-    "tfgrads::cudnn_rnn_canonical_to_params_v2",
-    _canonical_to_params_backward,
-    setup_context=_canonical_to_params_setup_context,
-)
-
-
-def _params_to_canonical_setup_context(ctx, inputs, output):
-    num_layers, num_units, input_size, params, _nw, _nb, *attrs = inputs
-    ctx.sizes = (num_layers, num_units, input_size)
-    ctx.attrs = attrs
-    ctx.shapes = ([w.shape for w in output[0]], [b.shape for b in output[1]])
-    ctx.dtype, ctx.device = params.dtype, params.device
-
-
-def _params_to_canonical_backward(ctx, gw, gb):
-    def filled(grads, shapes):
-        return [
-            torch.zeros(s, dtype=ctx.dtype, device=ctx.device) if g is None else g
-            for g, s in zip(grads, shapes)
-        ]
-
-    gw, gb = filled(gw, ctx.shapes[0]), filled(gb, ctx.shapes[1])
-    gp = torch.ops.tfgrads.cudnn_rnn_canonical_to_params_v2(*ctx.sizes, gw, gb, *ctx.attrs)
-    return _as_many_as_inputs(ctx, (None, None, None, gp) + (None,) * 6)
-
-
-torch.library.register_autograd(
-    "tfgrads::cudnn_rnn_params_to_canonical_v2",
-    _params_to_canonical_backward,
-    setup_context=_params_to_canonical_setup_context,
 )
 
 

@@ -6,7 +6,7 @@ kernels, `cudnn_rnn_params_size` and the modules, and tests check that the two a
 
 import torch
 
-from ._common import check_value
+from ._common import check_value, scalar_type_name
 
 GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
 _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
@@ -149,3 +149,37 @@ def reserve_numel(cfg, T, B, dtype, dropout, is_training=True):
         return None
     widen = 2 if dtype in (torch.float16, torch.bfloat16) else 1
     return cfg.reserve_elements(T, B, dropout > 0 and cfg.L > 1) * widen
+
+
+# ---- shared by the family's public functions and fake kernels (cudnn_rnn.py,
+# cudnn_rnn_params.py)
+RNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+RNN_ATTRS_DOC = """
+    ``rnn_mode``: "lstm" (gates i, f, c, o), "gru" (r, z, h; the reset gate applied after the
+    recurrent matmul, Keras ``reset_after=True``), "rnn_tanh", "rnn_relu". ``input_mode``:
+    "linear_input"; "skip_input" (input_size == num_units: layer 0 adds x to every gate instead
+    of W x, and the buffer has no layer-0 input matrices); "auto_select" (skip_input exactly
+    when input_size == num_units). ``direction``: "unidirectional" or "bidirectional".
+    ``num_proj`` > 0 (LSTM only): h = Wp (o * tanh(c)), Wp ``[num_proj, num_units]``.
+"""
+
+
+def check_device(op, ref, ref_name, t, name):
+    torch._check(
+        t.device == ref.device,
+        lambda: (
+            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+            "tensors must be on one device"
+        ),
+    )
+
+
+def check_float(op, t, name):
+    torch._check_type(
+        t.dtype in RNN_DTYPES,
+        lambda: (
+            f"{op}: argument '{name}' must be a float16, bfloat16, float32 or float64 tensor, got "
+            f"{scalar_type_name(t.dtype)}"
+        ),
+    )
