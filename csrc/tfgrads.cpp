@@ -171,7 +171,9 @@ TORCH_LIBRARY(tfgrads, m) {
       "str data_format=\"NHWC\", int[] dilations=[1,1,1,1]) -> Tensor");
 
   // ---- CudnnRNN family ----------------------------------------------------------------------
-  m.set_python_module("torch_tfgrads.ops.cudnn_rnn");
+  // The params conversions' fakes are in their own module (ops/cudnn_rnn_params.py), the
+  // forward's and backward's in ops/cudnn_rnn.py.
+  m.set_python_module("torch_tfgrads.ops.cudnn_rnn_params");
   // tf.raw_ops.CudnnRNNCanonicalToParamsV2 / CudnnRNNParamsToCanonicalV2 (the size attrs are
   // ints here, TF's are host int32 tensors). Opaque layout per pseudo-layer: gate input
   // matrices, gate recurrent matrices, input biases, recurrent biases, projection.
@@ -186,6 +188,7 @@ TORCH_LIBRARY(tfgrads, m) {
       "Tensor params, int num_params_weights, int num_params_biases, str rnn_mode=\"lstm\", "
       "str input_mode=\"linear_input\", str direction=\"unidirectional\", int num_proj=0) -> "
       "(Tensor[] weights, Tensor[] biases)");
+  m.set_python_module("torch_tfgrads.ops.cudnn_rnn");
   // tf.raw_ops.CudnnRNNV3 on any device. reserve_space (training) holds our saved activations
   // and dropout masks, 1-D in input's dtype; in inference it is a zero scalar, as are
   // host_reserved (int8) and output_c for non-LSTM modes. Dropout masks come from torch's CPU
