@@ -62,3 +62,14 @@ def check_shape(cond, message):
     """`torch._check(cond, message)` (RuntimeError: a shape that does not fit) that also works
     on symbolic sizes; the nn modules check their input with it."""
     _check(cond, message, RuntimeError, torch._check)
+
+
+def check_same_device(ref, t, op, ref_name, name):
+    """csrc/common/checks.h's check_same_device: the same condition and message."""
+    torch._check(
+        t.device == ref.device,
+        lambda: (
+            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
+            "tensors must be on one device"
+        ),
+    )

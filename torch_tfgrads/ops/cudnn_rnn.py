@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 
 from . import cudnn_rnn_reference as rnn_reference
-from ._common import scalar_type_name, tf_shape
+from ._common import check_same_device, scalar_type_name, tf_shape
 from .cudnn_rnn_config import (
     GATES,
     RNN_ATTRS_DOC,
     RnnConfig,
-    check_device,
     check_float,
+    check_params_size,
     reserve_numel,
 )
 
@@ -156,7 +156,7 @@ def _check_dtype_like(op, input, t, name):
             f"got {scalar_type_name(t.dtype)}"
         ),
     )
-    check_device(op, input, "input", t, name)
+    check_same_device(input, t, op, "input", name)
 
 
 def rnn_check_forward(
@@ -246,18 +246,7 @@ def rnn_check_forward(
     if cfg.lstm:
         _check_dtype_like(op, input, input_c, "input_c")
     _check_dtype_like(op, input, params, "params")
-    torch._check(
-        params.dim() == 1,
-        lambda: f"{op}: argument 'params' must be 1-D, got shape {tf_shape(params.shape)}",
-    )
-    expected = cfg.params_size()
-    torch._check(
-        params.shape[0] == expected,
-        lambda: (
-            f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
-            f"this configuration is {expected}"
-        ),
-    )
+    check_params_size(op, params, cfg)
     torch._check_type(
         sequence_lengths.dtype in (torch.int32, torch.int64),
         lambda: (
@@ -389,7 +378,7 @@ def _cudnn_rnn_backprop_v3_fake(
             "be set to True"
         ),
     )
-    check_device(op, input, "input", reserve_space, "reserve_space")
+    check_same_device(input, reserve_space, op, "input", "reserve_space")
     torch._check_type(
         reserve_space.dtype == input.dtype,
         lambda: (

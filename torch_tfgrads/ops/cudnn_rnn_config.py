@@ -6,7 +6,7 @@ kernels, `cudnn_rnn_params_size` and the modules, and tests check that the two a
 
 import torch
 
-from ._common import check_value, scalar_type_name
+from ._common import check_value, scalar_type_name, tf_shape
 
 GATES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
 _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
@@ -165,21 +165,36 @@ RNN_ATTRS_DOC = """
 """
 
 
-def check_device(op, ref, ref_name, t, name):
-    torch._check(
-        t.device == ref.device,
-        lambda: (
-            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-            "tensors must be on one device"
-        ),
-    )
-
-
 def check_float(op, t, name):
     torch._check_type(
         t.dtype in RNN_DTYPES,
         lambda: (
             f"{op}: argument '{name}' must be a float16, bfloat16, float32 or float64 tensor, got "
             f"{scalar_type_name(t.dtype)}"
+        ),
+    )
+
+
+def config_text(cfg):
+    """The sizes of a configuration, as the C++ checks print them."""
+    return (
+        f"num_layers={cfg.L}, num_units={cfg.U}, input_size={cfg.I}, directions={cfg.D}, "
+        f"num_proj={cfg.P}"
+    )
+
+
+def check_params_size(op, params, cfg, with_config=False):
+    """params is 1-D with cfg.params_size() elements (the C++ checks' messages; the conversion
+    op's names the configuration's sizes)."""
+    torch._check(
+        params.dim() == 1,
+        lambda: f"{op}: argument 'params' must be 1-D, got shape {tf_shape(params.shape)}",
+    )
+    expected = cfg.params_size()
+    torch._check(
+        params.shape[0] == expected,
+        lambda: (
+            f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
+            f"this configuration{f' ({config_text(cfg)})' if with_config else ''} is {expected}"
         ),
     )

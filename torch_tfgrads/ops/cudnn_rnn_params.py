@@ -13,8 +13,15 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import scalar_type_name, tf_shape
-from .cudnn_rnn_config import RNN_ATTRS_DOC, RNN_DTYPES, RnnConfig, check_device, check_float
+from ._common import check_same_device, scalar_type_name, tf_shape
+from .cudnn_rnn_config import (
+    RNN_ATTRS_DOC,
+    RNN_DTYPES,
+    RnnConfig,
+    check_float,
+    check_params_size,
+    config_text,
+)
 
 
 # ---- public functions -------------------------------------------------------------------------
@@ -139,13 +146,6 @@ for _f in (
 
 
 # ---- fake kernels -----------------------------------------------------------------------------
-def _config_text(cfg):
-    return (
-        f"num_layers={cfg.L}, num_units={cfg.U}, input_size={cfg.I}, directions={cfg.D}, "
-        f"num_proj={cfg.P}"
-    )
-
-
 @torch.library.register_fake("tfgrads::cudnn_rnn_canonical_to_params_v2")
 def _cudnn_rnn_canonical_to_params_v2_fake(
     num_layers,
@@ -178,7 +178,7 @@ def _cudnn_rnn_canonical_to_params_v2_fake(
             len(ts) == len(shapes),
             lambda: (
                 f"{op}: argument '{name}': expected {len(shapes)} tensors for this configuration "
-                f"({_config_text(cfg)}), got {len(ts)}"
+                f"({config_text(cfg)}), got {len(ts)}"
             ),
         )
         for k, (t, s) in enumerate(zip(ts, shapes)):
@@ -196,7 +196,7 @@ def _cudnn_rnn_canonical_to_params_v2_fake(
                     f"{scalar_type_name(ref.dtype)}, got {scalar_type_name(t.dtype)}"
                 ),
             )
-            check_device(op, ref, "weights[0]", t, name)
+            check_same_device(ref, t, op, "weights[0]", name)
     return weights[0].new_empty((cfg.params_size(),))
 
 
@@ -262,18 +262,7 @@ def _cudnn_rnn_params_to_canonical_v2_fake(
             f"{op}: A Number of params mismatch. Expected {num_params_biases}, got {len(b_shapes)}"
         ),
     )
-    torch._check(
-        params.dim() == 1,
-        lambda: f"{op}: argument 'params' must be 1-D, got shape {tf_shape(params.shape)}",
-    )
-    expected = cfg.params_size()
-    torch._check(
-        params.shape[0] == expected,
-        lambda: (
-            f"{op}: argument 'params' has {params.shape[0]} elements but cudnn_rnn_params_size of "
-            f"this configuration ({_config_text(cfg)}) is {expected}"
-        ),
-    )
+    check_params_size(op, params, cfg, with_config=True)
     check_float(op, params, "params")
     return ([params.new_empty(s) for s in w_shapes], [params.new_empty(s) for s in b_shapes])
 

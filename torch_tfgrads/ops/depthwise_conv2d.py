@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import scalar_type_name, tf_shape
+from ._common import check_same_device, scalar_type_name, tf_shape
 from .layout import channel_layout_perm, empty_in_layout
 
 
@@ -337,16 +337,6 @@ def _dw_same_dtype(op, ref, ref_name, t, name):
     )
 
 
-def _dw_same_device(op, ref, ref_name, t, name):
-    torch._check(
-        t.device == ref.device,
-        lambda: (
-            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-            "tensors must be on one device"
-        ),
-    )
-
-
 def _dw_window(op, arg, nhwc, fh, fw, padding, strides, dilations, pads):
     _, H, W, _ = nhwc
     Ho = depthwise_out_size(op, arg, H, fh, strides[0], dilations[0], padding, pads[0], pads[1])
@@ -468,7 +458,7 @@ def _depthwise_conv2d_native_fake(
     )
     _dw_float(op, "input", input)
     _dw_same_dtype(op, input, "input", filter, "filter")
-    _dw_same_device(op, input, "input", filter, "filter")
+    check_same_device(input, filter, op, "input", "filter")
     Ho, Wo = _dw_window(
         op, "input", (N, H, W, C), filter.shape[0], filter.shape[1], padding, st, dil, pads
     )
@@ -507,7 +497,7 @@ def _depthwise_conv2d_native_backprop_input_fake(
     )
     _dw_float(op, "filter", filter)
     _dw_same_dtype(op, filter, "filter", out_backprop, "out_backprop")
-    _dw_same_device(op, filter, "filter", out_backprop, "out_backprop")
+    check_same_device(filter, out_backprop, op, "filter", "out_backprop")
     return _dw_empty_like_layout(out_backprop, list(input_sizes), nchw)
 
 
@@ -541,7 +531,7 @@ def _depthwise_conv2d_native_backprop_filter_fake(
     )
     _dw_float(op, "input", input)
     _dw_same_dtype(op, input, "input", out_backprop, "out_backprop")
-    _dw_same_device(op, input, "input", out_backprop, "out_backprop")
+    check_same_device(input, out_backprop, op, "input", "out_backprop")
     return input.new_empty(list(filter_sizes))
 
 

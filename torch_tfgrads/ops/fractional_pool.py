@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import as_float32, check_value, scalar_type_name, tf_shape
+from ._common import as_float32, check_same_device, check_value, scalar_type_name, tf_shape
 
 
 # ---- public functions -------------------------------------------------------------------------
@@ -207,17 +207,6 @@ def _seq_dtype(t, op, name):
 def _debug_string(t):
     name = _TF_DTYPE_NAMES.get(t.dtype) or scalar_type_name(t.dtype)
     return f"Tensor<type: {name} shape: {tf_shape(t.shape)}>"
-
-
-def _same_device(ref, t, op, ref_name, name):
-    """csrc/common/checks.h's check_same_device."""
-    torch._check(
-        t.device == ref.device,
-        lambda: (
-            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-            f"tensors must be on one device"
-        ),
-    )
 
 
 def _fmt_g(v):
@@ -432,8 +421,8 @@ def _check_max_grad(op, x, y, dy, row_pooling_sequence, col_pooling_sequence):
                 f"({scalar_type_name(x.dtype)}), got {scalar_type_name(t.dtype)}"
             ),
         )
-    _same_device(x, y, op, "orig_input", "orig_output")
-    _same_device(x, dy, op, "orig_input", "out_backprop")
+    check_same_device(x, y, op, "orig_input", "orig_output")
+    check_same_device(x, dy, op, "orig_input", "out_backprop")
     torch._check(
         y.shape[0] == x.shape[0] and y.shape[3] == x.shape[3],
         lambda: (
@@ -542,7 +531,9 @@ def _fractional_max_pool_grad_backward_fake(
     _check_max_grad(
         op, orig_input, orig_output, orig_output, row_pooling_sequence, col_pooling_sequence
     )
-    _same_device(orig_input, grad, op, "orig_input", "grad")  # (only the CUDA kernel can see it)
+    check_same_device(
+        orig_input, grad, op, "orig_input", "grad"
+    )  # (only the CUDA kernel can see it)
     torch._check(
         grad.shape == orig_input.shape and grad.dtype == orig_input.dtype,
         lambda: f"{op}: argument 'grad' must have the shape and dtype of orig_input",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import as_float32, scalar_type_name, tf_shape
+from ._common import as_float32, check_same_device, scalar_type_name, tf_shape
 from .fused_batch_norm_grad_grad import batch_norm_grad_grad
 from .layout import channel_layout_perm, empty_in_layout
 
@@ -208,17 +208,6 @@ def _bn_dtype(t, dtype, op, name):
     )
 
 
-def bn_same_device(ref, t, op, ref_name, name):
-    """csrc/common/checks.h's check_same_device."""
-    torch._check(
-        t.device == ref.device,
-        lambda: (
-            f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; all "
-            f"tensors must be on one device"
-        ),
-    )
-
-
 @torch.library.register_fake("tfgrads::fused_batch_norm_v3")
 def _fused_batch_norm_v3_fake(
     x,
@@ -250,13 +239,13 @@ def _fused_batch_norm_v3_fake(
         _bn_channels(variance, C, op, "variance", prefix)
     _bn_dtype(scale, pdt, op, "scale")
     _bn_dtype(offset, pdt, op, "offset")
-    bn_same_device(x, scale, op, "x", "scale")
-    bn_same_device(x, offset, op, "x", "offset")
+    check_same_device(x, scale, op, "x", "scale")
+    check_same_device(x, offset, op, "x", "offset")
     if uses_running:
         _bn_dtype(mean, pdt, op, "mean")
         _bn_dtype(variance, pdt, op, "variance")
-        bn_same_device(x, mean, op, "x", "mean")
-        bn_same_device(x, variance, op, "x", "variance")
+        check_same_device(x, mean, op, "x", "mean")
+        check_same_device(x, variance, op, "x", "variance")
     perm = channel_layout_perm(x, cdim, natural_channels_last=not cf)
     y = empty_in_layout(x, x.shape, perm)
     stats = [x.new_empty((C,), dtype=pdt) for _ in range(4)]
@@ -314,7 +303,7 @@ def _fused_batch_norm_grad_v3_fake(
         (reserve_space_1, "reserve_space_1"),
         (reserve_space_2, "reserve_space_2"),
     ):
-        bn_same_device(x, t, op, "x", name)
+        check_same_device(x, t, op, "x", name)
     perm = channel_layout_perm(x, cdim, natural_channels_last=not cf)
     x_backprop = empty_in_layout(x, x.shape, perm)
     return (
@@ -359,8 +348,8 @@ def _sync_prepare_grad(y_backprop, x, mean, data_format, op):
     _bn_vector(mean, op, "mean", "mean")
     _bn_channels(mean, C, op, "mean")
     _bn_dtype(mean, pdt, op, "mean")
-    bn_same_device(x, y_backprop, op, "x", "y_backprop")
-    bn_same_device(x, mean, op, "x", "mean")
+    check_same_device(x, y_backprop, op, "x", "y_backprop")
+    check_same_device(x, mean, op, "x", "mean")
     return cdim, C, pdt
 
 
@@ -373,7 +362,7 @@ def _sync_check_packed(t, n, x, pdt, op, name, what):
         ),
     )
     _bn_dtype(t, pdt, op, name)
-    bn_same_device(x, t, op, "x", name)
+    check_same_device(x, t, op, "x", name)
 
 
 @torch.library.register_fake("tfgrads::fused_batch_norm_sync_stats")
@@ -398,7 +387,7 @@ def _fused_batch_norm_sync_backprop_input_fake(
         _bn_vector(t, op, name, name)
         _bn_channels(t, C, op, name)
         _bn_dtype(t, pdt, op, name)
-        bn_same_device(x, t, op, "x", name)
+        check_same_device(x, t, op, "x", name)
     _sync_check_packed(
         grad_sums,
         2 * C,
