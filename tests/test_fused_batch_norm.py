@@ -391,9 +391,9 @@ def test_large_float_forward_streams_same_values(fmt, shape, training):
         assert rel_err(a.double(), b) < 1e-5
 
 
-@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 64, 64, 96)), ("NCHW", (4, 96, 64, 64))])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (6, 64, 64, 96)), ("NCHW", (6, 96, 64, 64))])
 def test_large_float_grad_streams_same_values(fmt, shape):
-    """A float32 training gradient beyond 4 MiB is written with non-temporal stores; it must
+    """A float32 training gradient beyond 8 MiB is written with non-temporal stores; it must
     agree with the float64 computation like any other."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(shape, generator=g) * 2 + 1
@@ -407,6 +407,6 @@ def test_large_float_grad_streams_same_values(fmt, shape):
     ref64 = T.fused_batch_norm_grad_v3(
         dy.double(), x.double(), scale.double(), mean.double(), var.double(), *args
     )
-    assert out[0].numel() * 4 > 4 << 20
+    assert out[0].numel() * 4 > 8 << 20
     for a, b in zip(out[:3], ref64[:3]):
         assert rel_err(a.double(), b) < 1e-5

@@ -208,9 +208,11 @@ void grad_input_pass(const ChannelLayout& l, scalar_t* dx, int64_t numel, const 
                      const acc_t* B) {
   const int64_t C = l.C, S = l.inner;
   // A dx beyond the caches is written with non-temporal stores: no read-for-ownership of
-  // its lines, and x and dy are not evicted. (Walking this second pass backwards, to start
-  // on the x and dy the sums pass read last, measured no gain: the L3 does not keep them.)
-  const bool stream = can_stream(l, dx, numel, int64_t{4} << 20);
+  // its lines, and x and dy are not evicted. Above 8 MiB, as the forward's y: smaller ones
+  // were as fast or faster with ordinary stores (docs/perf-notes/fused_batch_norm.md).
+  // (Walking this second pass backwards, to start on the x and dy the sums pass read last,
+  // measured no gain: the L3 does not keep them.)
+  const bool stream = can_stream(l, dx, numel, int64_t{8} << 20);
   with_stream(stream, [&](auto streamed) {
     constexpr bool kStream = decltype(streamed)::value;
     for_each_span(
