@@ -78,16 +78,15 @@ def _family(op):
     kernel = entry.fake_impl.kernel
     assert kernel is not None, f"{op}: no fake kernel"
     func = getattr(kernel, "func", kernel)
-    module = getattr(func, "__module__", "") or ""
+    module = (getattr(func, "__module__", "") or "").removeprefix("torch_tfgrads.ops.")
     for family, modules in FAMILY_MODULES.items():
+        if module in modules:
+            return family
+    for family, modules in FAMILY_MODULES.items():  # wrapped: find it in the modules' sources
         for name in modules:
-            if module == f"torch_tfgrads.ops.{name}":
+            if f'"tfgrads::{op}"' in (ROOT / "torch_tfgrads" / "ops" / f"{name}.py").read_text():
                 return family
-            # wrapped: find it in the module's source
-            src = (ROOT / "torch_tfgrads" / "ops" / f"{name}.py").read_text()
-            if not module.startswith("torch_tfgrads.ops.") and f'"tfgrads::{op}"' in src:
-                return family
-    return module.rsplit(".", 1)[-1]
+    return module
 
 
 def test_the_registry_is_not_empty():

@@ -92,10 +92,13 @@ def describe() -> str:
     """One line for benchmark headers: host, ISA, the paths that run, what is forced."""
     p = cpu_paths()
     forced = ", ".join(f"{k}={v}" for k, v in p["forced"].items()) or "nothing forced"
+    # (the aliasing choice only matters on the 8-lane path)
+    aliasing = (
+        "" if p["avx512_kernels"] else f"depthwise aliasing layers: {p['depthwise_aliasing']}; "
+    )
     return (
         f"{p['cpu']}, {os.cpu_count()} CPUs; ATen {p['aten_capability']}; our AVX-512 kernels "
         f"{'on' if p['avx512_kernels'] else 'off'}; RNN BRGEMM "
         f"{'on' if p['rnn_brgemm'] else 'off'} (batched GEMMs: {p['rnn_batched_gemms']}); "
-        f"{'' if p['avx512_kernels'] else 'depthwise aliasing layers: ' + p['depthwise_aliasing'] + '; '}"
-        f"{forced}"
+        f"{aliasing}{forced}"
     )
