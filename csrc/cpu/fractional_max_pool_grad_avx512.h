@@ -1,19 +1,20 @@
 // FractionalMaxPoolGrad's float kernel in 16-lane AVX-512 registers, for CPUs that have
 // AVX-512 and channel counts that are a multiple of 16. The rest of the extension is built for
 // AVX2; this kernel alone is compiled for AVX-512 (function-level target) and chosen at run
-// time: its cell sweeps are compute-bound chains of compare-and-select, which AVX-512's mask
-// registers do in one instruction each (AVX2: a compare, then a blend) on twice the lanes.
+// time: its argmax sweeps compare into mask registers and select with masked moves (AVX2: a
+// compare, then a blend) on twice the lanes, and its 32 registers hold two cells' sweeps, or
+// a cell's argmaxes and dy across the gather's columns.
 //
-// The argmax is found differently from MaxGradPass (fractional_max_pool_grad.cpp), with the same
-// result: TF's recomputed maximum is a VMAXPS chain that is checked against orig_output, and
-// where they are equal TF's argmax (the first maximum in scan order) is the first element
-// equal to orig_output, which a reverse sweep finds without a compare-select chain. Each dx
-// element adds its dy contributions in TF's cell order starting from 0, so dx is bit-identical
-// to MaxGradPass's (tests/test_fractional_pool.py runs both and compares the bits).
+// The argmax search is MaxGradPass's find_positions (fractional_max_pool_grad_pass.h), here for
+// disjoint cells too: TF's recomputed maximum is a VMAXPS chain that is checked against
+// orig_output, and where they are equal TF's argmax (the first maximum in scan order) is the
+// first element equal to orig_output, which a reverse sweep finds without a compare-select
+// chain. Each dx element adds its dy contributions in TF's cell order starting from 0, so dx
+// is bit-identical to MaxGradPass's (tests/test_fractional_pool.py runs both and compares the
+// bits).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "common/fractional_pool.h"
 
@@ -26,7 +27,7 @@ struct MaxGradAvx512 {
   // out_backprop, contiguous NHWC; dx: the contiguous NHWC result. plan.C % 16 == 0.
   // stream: non-temporal stores (dx 64-byte aligned, large).
   MaxGradAvx512(const float* x, int64_t sN, int64_t sH, int64_t sW, const float* y, const float* dy,
-                float* dx, const GradPlan& plan, bool overlapping, bool stream);
+                float* dx, const GradPlan& plan, bool stream);
 
   // Disjoint cells: cell row i of image b, all channels. False: an orig_output mismatch.
   bool disjoint_row(int64_t b, int64_t i) const;
@@ -41,15 +42,6 @@ struct MaxGradAvx512 {
   int64_t H, W, C, OH, OW;
   int64_t cw_max;  // widest cell; the position of (h, w) in a cell is h * cw_max + w
   bool stream;
-  // Overlapping cells: the input columns that one cell covers (`single`) and the ones that
-  // two cells share (`shared`: the last column of cell j and the first of cell j + 1), each
-  // with its first covering cell j and its column k in it. Columns no cell covers are not
-  // listed (the caller zeroes dx for them).
-  struct Column {
-    int64_t w, j;
-    float k;
-  };
-  std::vector<Column> single, shared;
 };
 
 }  // namespace fracpool

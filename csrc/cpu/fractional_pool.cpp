@@ -17,7 +17,8 @@
 //   backward selects grad at the same argmax.
 //
 // Files: this one holds the pooling, the avg gradient and its double backward, and registers
-// the family's ops; fractional_max_pool_grad.cpp the max gradient and its double backward;
+// the family's ops; fractional_max_pool_grad.cpp (with fractional_max_pool_grad_pass.h and,
+// for AVX-512, fractional_max_pool_grad_avx512.cpp) the max gradient and its double backward;
 // fractional_pool_cpu.h what they share.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 // What the CPU kernels of the FractionalPool family share across their files
-// (fractional_pool.cpp: the pooling and the avg gradient; fractional_max_pool_grad.cpp: the max
-// gradient and its double backward).
+// (fractional_pool.cpp: the pooling and the avg gradient; fractional_max_pool_grad.cpp and
+// fractional_max_pool_grad_pass.h: the max gradient and its double backward).
 #pragma once
 
 #include <ATen/core/Tensor.h>

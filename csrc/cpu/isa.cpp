@@ -17,6 +17,8 @@ std::string forced_capability() {
   return v == nullptr ? std::string() : std::string(v);
 }
 
+}  // namespace
+
 bool cpu_has_avx512() {
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -25,8 +27,6 @@ bool cpu_has_avx512() {
   return false;
 #endif
 }
-
-}  // namespace
 
 bool avx512_enabled() {
   static const bool on = [] {

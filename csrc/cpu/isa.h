@@ -18,6 +18,9 @@
 
 namespace torch_tfgrads {
 
+// The CPU has AVX-512 F/BW/VL/DQ (and this build has the AVX-512 kernels), whatever runs.
+bool cpu_has_avx512();
+
 // The CPU has AVX-512 F/BW/VL/DQ and ATen's own kernels run at AVX512 (so
 // ATEN_CPU_CAPABILITY=avx2 switches ours off too, which the tests use to compare both), unless
 // TFGRADS_CPU_CAPABILITY=avx2 turns ours off alone (=avx512 makes their absence an error).
