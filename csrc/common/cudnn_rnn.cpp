@@ -106,14 +106,39 @@ Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units, 
   return cfg;
 }
 
-int64_t params_size(const Config& cfg) {
-  int64_t n = 0;
-  for (int64_t layer = 0; layer < cfg.L; ++layer) {
-    const int64_t in_w = cfg.has_input_weights(layer) ? cfg.GU() * cfg.in_width(layer) : 0;
-    n += cfg.D * (in_w + cfg.GU() * cfg.Hh + 2 * cfg.GU() + cfg.P * cfg.U);
-  }
+int64_t params_size(const char* op, const Config& cfg) {
+  // Closed form (the layers above the first all have the same widths), so that a huge
+  // num_layers costs nothing before the checks that compare it with real tensors; a size
+  // beyond int64 is an error, never a wrapped count.
+  bool overflow = false;
+  auto mul = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    overflow |= __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const int64_t GU = mul(cfg.G, cfg.U);
+  auto in_w = [&](int64_t layer) {
+    return cfg.has_input_weights(layer) ? mul(GU, cfg.in_width(layer)) : 0;
+  };
+  const int64_t per_layer = add(add(mul(GU, cfg.Hh), mul(2, GU)), mul(cfg.P, cfg.U));
+  const int64_t above = cfg.L > 1 ? mul(cfg.L - 1, in_w(1)) : 0;
+  const int64_t n = mul(cfg.D, add(add(in_w(0), above), mul(cfg.L, per_layer)));
+  TORCH_CHECK_VALUE(!overflow, op, ": argument 'num_layers': the params of ", cfg.L, " layers of ",
+                    cfg.U, " units over ", cfg.I, " inputs exceed int64 elements");
   return n;
 }
+
+int64_t canonical_weight_count(const Config& cfg) {
+  const int64_t per_layer = cfg.G + (cfg.P > 0 ? 1 : 0);
+  return cfg.D * (cfg.L * (per_layer + cfg.G) - (cfg.skip_input ? cfg.G : 0));
+}
+
+int64_t canonical_bias_count(const Config& cfg) { return cfg.L * cfg.D * 2 * cfg.G; }
 
 std::vector<LayerParams> layer_params(const Config& cfg, const at::Tensor& flat) {
   std::vector<LayerParams> out;
@@ -258,7 +283,7 @@ Config check_forward(const char* op, const at::Tensor& input, const at::Tensor& 
   // on the GPU.
   TORCH_CHECK(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
               tf_shape(params.sizes()));
-  const int64_t expected = params_size(cfg);
+  const int64_t expected = params_size(op, cfg);
   TORCH_CHECK(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
               " elements but cudnn_rnn_params_size of this configuration is ", expected);
   cfg.host_lengths = check_lengths(op, cfg, sequence_lengths);

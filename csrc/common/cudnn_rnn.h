@@ -56,7 +56,7 @@ Config config_from_sizes(const char* op, int64_t num_layers, int64_t num_units, 
                          c10::string_view direction, int64_t num_proj);
 
 // CudnnRNNParamsSize: number of elements of the opaque buffer.
-int64_t params_size(const Config& cfg);
+int64_t params_size(const char* op, const Config& cfg);
 
 // Views into a flat opaque params buffer (or its gradient), for pseudo-layer p = layer*D + dir:
 // W = [W_0; ..; W_{G-1}] as [G*U, in] (undefined for skip_input's layer 0), R as [G*U, Hh],
@@ -70,6 +70,9 @@ struct LayerParams {
 std::vector<LayerParams> layer_params(const Config& cfg, const at::Tensor& flat);
 
 // Canonical shapes in TF's ParamsToCanonical order (weights, biases).
+// How many tensors the canonical lists hold, without building them.
+int64_t canonical_weight_count(const Config& cfg);
+int64_t canonical_bias_count(const Config& cfg);
 std::vector<std::vector<int64_t>> canonical_weight_shapes(const Config& cfg);
 std::vector<std::vector<int64_t>> canonical_bias_shapes(const Config& cfg);
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "checks.h"
@@ -25,11 +26,13 @@ std::string config_text(const Config& cfg) {
   return os.str();
 }
 
-void check_tensors(const char* op, const char* name, at::TensorList ts,
-                   const std::vector<std::vector<int64_t>>& shapes, const Config& cfg,
-                   const at::Tensor& ref) {
-  TORCH_CHECK(ts.size() == shapes.size(), op, ": argument '", name, "': expected ", shapes.size(),
-              " tensors for this configuration (", config_text(cfg), "), got ", ts.size());
+// Counts first: the shapes are built only once the list is as long as they are.
+void check_tensors(const char* op, const char* name, at::TensorList ts, int64_t count,
+                   const std::function<std::vector<std::vector<int64_t>>()>& shapes_of,
+                   const Config& cfg, const at::Tensor& ref) {
+  TORCH_CHECK(static_cast<int64_t>(ts.size()) == count, op, ": argument '", name, "': expected ",
+              count, " tensors for this configuration (", config_text(cfg), "), got ", ts.size());
+  const auto shapes = shapes_of();
   for (size_t k = 0; k < ts.size(); ++k) {
     TORCH_CHECK(ts[k].sizes() == c10::IntArrayRef(shapes[k]), op, ": argument '", name, "': ", name,
                 "[", k, "] must have shape ", tf_shape(shapes[k]), ", got ",
@@ -88,8 +91,12 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
                    ": argument 'weights' must hold float16, bfloat16, float32 or float64 "
                    "tensors, got ",
                    c10::toString(st));
-  check_tensors(op, "weights", weights, canonical_weight_shapes(cfg), cfg, ref);
-  check_tensors(op, "biases", biases, canonical_bias_shapes(cfg), cfg, ref);
+  check_tensors(
+      op, "weights", weights, canonical_weight_count(cfg),
+      [&] { return canonical_weight_shapes(cfg); }, cfg, ref);
+  check_tensors(
+      op, "biases", biases, canonical_bias_count(cfg), [&] { return canonical_bias_shapes(cfg); },
+      cfg, ref);
   // Per pseudo-layer: gate input and recurrent matrices, input and recurrent biases, then the
   // projection (the matrices precede the projection in the canonical weight list).
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -104,7 +111,7 @@ at::Tensor canonical_to_params(int64_t num_layers, int64_t num_units, int64_t in
     }
   }
   if (!ref.is_cpu()) return at::cat(pieces);
-  at::Tensor out = at::empty({params_size(cfg)}, ref.options());
+  at::Tensor out = at::empty({params_size(op, cfg)}, ref.options());
   Pieces copies;
   int64_t off = 0;
   for (at::Tensor& t : pieces) {
@@ -124,39 +131,40 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
   const char* op = "cudnn_rnn_params_to_canonical_v2";
   const Config cfg = config_from_sizes(op, num_layers, num_units, input_size, rnn_mode, input_mode,
                                        direction, num_proj);
-  const auto weight_shapes = canonical_weight_shapes(cfg);
-  const auto bias_shapes = canonical_bias_shapes(cfg);
   const int64_t LD = cfg.L * cfg.D;
   // TF's checks and messages (typos included), which assume every layer has input matrices.
-  TORCH_CHECK_VALUE(num_params_weights >= 1 && num_params_biases >= 1, op,
-                    ": num_params_weights and num_params_biases must be >= 1");
+  TORCH_CHECK_VALUE(num_params_weights >= 1 && num_params_biases >= 1, op, ": argument '",
+                    num_params_weights < 1 ? "num_params_weights" : "num_params_biases",
+                    "': num_params_weights and num_params_biases must be >= 1");
   if (!cfg.skip_input) {
     TORCH_CHECK_VALUE(num_params_weights % LD == 0, op,
-                      ": Number of params (weights) is not a "
+                      ": argument 'num_params_weights': Number of params (weights) is not a "
                       "multipleof num_layers * num_dirs.");
     TORCH_CHECK_VALUE(num_params_biases % LD == 0, op,
-                      ": Number of params (biases) is not a "
+                      ": argument 'num_params_biases': Number of params (biases) is not a "
                       "multipleof num_layers * num_dirs.");
     const int64_t per_layer = num_params_weights / LD;
     if (cfg.P == 0) {
-      TORCH_CHECK_VALUE(per_layer % 2 == 0, op,
-                        ": Number of params (weights) per layer is not"
-                        "an even number with no projection.");
+      TORCH_CHECK_VALUE(
+          per_layer % 2 == 0, op,
+          ": argument 'num_params_weights': Number of params (weights) per layer is not"
+          "an even number with no projection.");
     } else {
-      TORCH_CHECK_VALUE(per_layer % 2 == 1, op,
-                        ": Number of params (weights) per layer is not"
-                        "an odl number with projection.");
+      TORCH_CHECK_VALUE(
+          per_layer % 2 == 1, op,
+          ": argument 'num_params_weights': Number of params (weights) per layer is not"
+          "an odl number with projection.");
     }
   }
-  TORCH_CHECK_VALUE(num_params_weights == static_cast<int64_t>(weight_shapes.size()), op,
-                    ": C Number of params mismatch. Expected ", num_params_weights, ", got ",
-                    weight_shapes.size());
-  TORCH_CHECK_VALUE(num_params_biases == static_cast<int64_t>(bias_shapes.size()), op,
-                    ": A Number of params mismatch. Expected ", num_params_biases, ", got ",
-                    bias_shapes.size());
+  TORCH_CHECK_VALUE(num_params_weights == canonical_weight_count(cfg), op,
+                    ": argument 'num_params_weights': C Number of params mismatch. Expected ",
+                    num_params_weights, ", got ", canonical_weight_count(cfg));
+  TORCH_CHECK_VALUE(num_params_biases == canonical_bias_count(cfg), op,
+                    ": argument 'num_params_biases': A Number of params mismatch. Expected ",
+                    num_params_biases, ", got ", canonical_bias_count(cfg));
   TORCH_CHECK(params.dim() == 1, op, ": argument 'params' must be 1-D, got shape ",
               tf_shape(params.sizes()));
-  const int64_t expected = params_size(cfg);
+  const int64_t expected = params_size(op, cfg);
   TORCH_CHECK(params.numel() == expected, op, ": argument 'params' has ", params.numel(),
               " elements but cudnn_rnn_params_size of this configuration (", config_text(cfg),
               ") is ", expected);
@@ -166,6 +174,8 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical
                    ": argument 'params' must be a float16, bfloat16, float32 or float64 "
                    "tensor, got ",
                    c10::toString(st));
+  const auto weight_shapes = canonical_weight_shapes(cfg);  // as many as params holds
+  const auto bias_shapes = canonical_bias_shapes(cfg);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::vector<at::Tensor> weights, biases;
   int64_t off = 0;

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import cudnn_rnn_reference as rnn_reference
-from ._common import check_same_device, scalar_type_name, tf_shape
+from ._common import check_same_device, scalar_type_name, tf_shape, typed_arguments
 from .cudnn_rnn_config import (
     GATES,
     RNN_ATTRS_DOC,
@@ -26,12 +26,15 @@ from .cudnn_rnn_config import (
 def _lengths(sequence_lengths, input, time_major):
     if sequence_lengths is not None:
         return sequence_lengths
+    if input.dim() != 3:  # no T or B to read: the op's own check reports the input's rank
+        return torch.zeros(0, dtype=torch.int32)
     T, B = (input.shape[0], input.shape[1]) if time_major else (input.shape[1], input.shape[0])
     # On the host, where TF keeps them too: the kernels read the lengths on the host, so a
     # device tensor would cost a device-to-host copy (a stream sync) in forward and backward.
     return torch.full((B,), T, dtype=torch.int32)
 
 
+@typed_arguments
 def cudnn_rnn_v3(
     input: torch.Tensor,
     input_h: torch.Tensor,
@@ -83,6 +86,7 @@ def cudnn_rnn_v3(
     )
 
 
+@typed_arguments
 def cudnn_rnn_backprop_v3(
     input: torch.Tensor,
     input_h: torch.Tensor,

@@ -55,6 +55,7 @@ class RnnConfig:
                 f"'{direction}'"
             ),
         )
+        self.op = op
         self.mode, self.G, self.D = rnn_mode, GATES[rnn_mode], _DIRECTIONS[direction]
         self.L, self.U, self.I, self.P = num_layers, num_units, input_size, num_proj
         if from_shapes:
@@ -118,11 +119,29 @@ class RnnConfig:
         return 4 * self.U if self.mode in ("lstm", "gru") else self.U
 
     def params_size(self):
-        n = 0
-        for layer in range(self.L):
-            w_in = self.G * self.U * self.in_width(layer) if self.has_input_weights(layer) else 0
-            n += self.D * (w_in + self.G * self.U * self.Hh + 2 * self.G * self.U + self.P * self.U)
+        """Closed form (the layers above the first have the same widths): a huge num_layers
+        costs nothing; a size beyond int64 is an error (csrc/common/cudnn_rnn.cpp's)."""
+        GU = self.G * self.U
+
+        def w_in(layer):
+            return GU * self.in_width(layer) if self.has_input_weights(layer) else 0
+
+        per_layer = GU * self.Hh + 2 * GU + self.P * self.U
+        above = (self.L - 1) * w_in(1) if self.L > 1 else 0
+        n = self.D * (w_in(0) + above + self.L * per_layer)
+        check_value(
+            n < 2**63,
+            lambda: (
+                f"{self.op}: argument 'num_layers': the params of {self.L} layers of {self.U} "
+                f"units over {self.I} inputs exceed int64 elements"
+            ),
+        )
         return n
+
+    def canonical_counts(self):
+        """How many weight and bias tensors canonical_shapes lists, without listing them."""
+        weights = self.D * (self.L * (2 * self.G + (1 if self.P else 0)))
+        return weights - (self.D * self.G if self.skip_input else 0), self.L * self.D * 2 * self.G
 
     def canonical_shapes(self):
         """(weight shapes, bias shapes) in TF's ParamsToCanonical order."""

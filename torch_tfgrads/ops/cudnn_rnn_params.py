@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import check_same_device, scalar_type_name, tf_shape
+from ._common import check_same_device, scalar_type_name, tf_shape, typed_arguments
 from .cudnn_rnn_config import (
     RNN_ATTRS_DOC,
     RNN_DTYPES,
@@ -41,6 +41,7 @@ def _scalar_int(v, op, name):
     return v if isinstance(v, torch.SymInt) else int(v)
 
 
+@typed_arguments
 def cudnn_rnn_params_size(
     num_layers: int | torch.Tensor,
     num_units: int | torch.Tensor,
@@ -69,6 +70,7 @@ def cudnn_rnn_params_size(
     return cfg.params_size()
 
 
+@typed_arguments
 def cudnn_rnn_canonical_to_params_v2(
     num_layers: int | torch.Tensor,
     num_units: int | torch.Tensor,
@@ -104,6 +106,7 @@ def cudnn_rnn_canonical_to_params_v2(
     )
 
 
+@typed_arguments
 def cudnn_rnn_params_to_canonical_v2(
     num_layers: int | torch.Tensor,
     num_units: int | torch.Tensor,
@@ -172,15 +175,17 @@ def _cudnn_rnn_canonical_to_params_v2_fake(
             f"{scalar_type_name(ref.dtype)}"
         ),
     )
-    w_shapes, b_shapes = cfg.canonical_shapes()
-    for name, ts, shapes in (("weights", weights, w_shapes), ("biases", biases, b_shapes)):
+    counts = cfg.canonical_counts()
+    for i, (name, ts) in enumerate((("weights", weights), ("biases", biases))):
+        # The count first: the shapes are listed only once the list is as long as they are.
         torch._check(
-            len(ts) == len(shapes),
+            len(ts) == counts[i],
             lambda: (
-                f"{op}: argument '{name}': expected {len(shapes)} tensors for this configuration "
+                f"{op}: argument '{name}': expected {counts[i]} tensors for this configuration "
                 f"({config_text(cfg)}), got {len(ts)}"
             ),
         )
+        shapes = cfg.canonical_shapes()[i]
         for k, (t, s) in enumerate(zip(ts, shapes)):
             torch._check(
                 list(t.shape) == list(s),
@@ -218,52 +223,55 @@ def _cudnn_rnn_params_to_canonical_v2_fake(
     cfg = RnnConfig(
         op, rnn_mode, input_mode, direction, num_layers, num_units, input_size, num_proj
     )
-    w_shapes, b_shapes = cfg.canonical_shapes()
+    n_weights, n_biases = cfg.canonical_counts()
     LD = cfg.L * cfg.D
-    torch._check_value(
+
+    def check(cond, name, text):
+        torch._check_value(cond, lambda: f"{op}: argument '{name}': {text}")
+
+    weights, biases = "num_params_weights", "num_params_biases"
+    check(
         num_params_weights >= 1 and num_params_biases >= 1,
-        lambda: f"{op}: num_params_weights and num_params_biases must be >= 1",
+        weights if num_params_weights < 1 else biases,
+        "num_params_weights and num_params_biases must be >= 1",
     )
     if not cfg.skip_input:
-        torch._check_value(
+        check(
             num_params_weights % LD == 0,
-            lambda: f"{op}: Number of params (weights) is not a multipleof num_layers * num_dirs.",
+            weights,
+            "Number of params (weights) is not a multipleof num_layers * num_dirs.",
         )
-        torch._check_value(
+        check(
             num_params_biases % LD == 0,
-            lambda: f"{op}: Number of params (biases) is not a multipleof num_layers * num_dirs.",
+            biases,
+            "Number of params (biases) is not a multipleof num_layers * num_dirs.",
         )
         per_layer = num_params_weights // LD
         if cfg.P == 0:
-            torch._check_value(
+            check(
                 per_layer % 2 == 0,
-                lambda: (
-                    f"{op}: Number of params (weights) per layer is notan even number with no "
-                    "projection."
-                ),
+                weights,
+                "Number of params (weights) per layer is notan even number with no projection.",
             )
         else:
-            torch._check_value(
+            check(
                 per_layer % 2 == 1,
-                lambda: (
-                    f"{op}: Number of params (weights) per layer is notan odl number with "
-                    "projection."
-                ),
+                weights,
+                "Number of params (weights) per layer is notan odl number with projection.",
             )
-    torch._check_value(
-        num_params_weights == len(w_shapes),
-        lambda: (
-            f"{op}: C Number of params mismatch. Expected {num_params_weights}, got {len(w_shapes)}"
-        ),
+    check(
+        num_params_weights == n_weights,
+        weights,
+        f"C Number of params mismatch. Expected {num_params_weights}, got {n_weights}",
     )
-    torch._check_value(
-        num_params_biases == len(b_shapes),
-        lambda: (
-            f"{op}: A Number of params mismatch. Expected {num_params_biases}, got {len(b_shapes)}"
-        ),
+    check(
+        num_params_biases == n_biases,
+        biases,
+        f"A Number of params mismatch. Expected {num_params_biases}, got {n_biases}",
     )
     check_params_size(op, params, cfg, with_config=True)
     check_float(op, params, "params")
+    w_shapes, b_shapes = cfg.canonical_shapes()  # as many as params holds
     return ([params.new_empty(s) for s in w_shapes], [params.new_empty(s) for s in b_shapes])
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import check_same_device, scalar_type_name, tf_shape
+from ._common import check_same_device, scalar_type_name, tf_shape, typed_arguments
 from .layout import channel_layout_perm, empty_in_layout
 
 
@@ -51,6 +51,7 @@ _DW_ATTRS_DOC = """
 """
 
 
+@typed_arguments
 def depthwise_conv2d_native(
     input: torch.Tensor,
     filter: torch.Tensor,
@@ -71,6 +72,7 @@ def depthwise_conv2d_native(
     )
 
 
+@typed_arguments
 def depthwise_conv2d_native_backprop_input(
     input_sizes: torch.Tensor | Sequence[int],
     filter: torch.Tensor,
@@ -94,6 +96,7 @@ def depthwise_conv2d_native_backprop_input(
     )
 
 
+@typed_arguments
 def depthwise_conv2d_native_backprop_filter(
     input: torch.Tensor,
     filter_sizes: torch.Tensor | Sequence[int],

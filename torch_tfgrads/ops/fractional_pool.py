@@ -13,7 +13,14 @@ from collections.abc import Sequence
 
 import torch
 
-from ._common import as_float32, check_same_device, check_value, scalar_type_name, tf_shape
+from ._common import (
+    as_float32,
+    check_same_device,
+    check_value,
+    scalar_type_name,
+    tf_shape,
+    typed_arguments,
+)
 
 
 # ---- public functions -------------------------------------------------------------------------
@@ -60,6 +67,7 @@ _POOL_DOC = """TF's `Fractional{Kind}Pool` on an NHWC tensor (Graham's fractiona
     """
 
 
+@typed_arguments
 def fractional_avg_pool(
     value: torch.Tensor,
     pooling_ratio: Sequence[float],
@@ -74,6 +82,7 @@ def fractional_avg_pool(
     )
 
 
+@typed_arguments
 def fractional_max_pool(
     value: torch.Tensor,
     pooling_ratio: Sequence[float],
@@ -103,6 +112,7 @@ fractional_max_pool.__doc__ = (
 )
 
 
+@typed_arguments
 def fractional_avg_pool_grad(
     orig_input_tensor_shape: torch.Tensor | Sequence[int],
     out_backprop: torch.Tensor,
@@ -129,6 +139,7 @@ def fractional_avg_pool_grad(
     )
 
 
+@typed_arguments
 def fractional_max_pool_grad(
     orig_input: torch.Tensor,
     orig_output: torch.Tensor,
@@ -153,6 +164,7 @@ def fractional_max_pool_grad(
     )
 
 
+@typed_arguments
 def fractional_pooling_sequence(
     input_length: int,
     output_length: int,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import as_float32, check_same_device, scalar_type_name, tf_shape
+from ._common import as_float32, check_same_device, scalar_type_name, tf_shape, typed_arguments
 from .fused_batch_norm_grad_grad import batch_norm_grad_grad
 from .layout import channel_layout_perm, empty_in_layout
 
@@ -23,6 +23,7 @@ def _empty_stats(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((0,), dtype=dtype)
 
 
+@typed_arguments
 def fused_batch_norm_v3(
     x: torch.Tensor,
     scale: torch.Tensor,
@@ -64,6 +65,7 @@ def fused_batch_norm_v3(
     )
 
 
+@typed_arguments
 def fused_batch_norm_grad_v3(
     y_backprop: torch.Tensor,
     x: torch.Tensor,
@@ -98,6 +100,7 @@ def fused_batch_norm_grad_v3(
     )
 
 
+@typed_arguments
 def fused_batch_norm_sync_stats(x: torch.Tensor, data_format: str = "NHWC") -> torch.Tensor:
     """The local statistics of synchronized batch norm, packed for one all-reduce.
 
@@ -110,6 +113,7 @@ def fused_batch_norm_sync_stats(x: torch.Tensor, data_format: str = "NHWC") -> t
     return torch.ops.tfgrads.fused_batch_norm_sync_stats.default(x, data_format)
 
 
+@typed_arguments
 def fused_batch_norm_sync_grad_sums(
     y_backprop: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, data_format: str = "NHWC"
 ) -> torch.Tensor:
@@ -121,6 +125,7 @@ def fused_batch_norm_sync_grad_sums(
     )
 
 
+@typed_arguments
 def fused_batch_norm_sync_backprop_input(
     y_backprop: torch.Tensor,
     x: torch.Tensor,
