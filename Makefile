@@ -27,7 +27,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_MIN ?= 2.4
 TORCH_INDEX ?=
 CORE_DEPS ?= numpy ninja
-TEST_DEPS ?= pytest tensorflow-cpu==2.21.0 h5py protobuf ruff==0.17.6
+TEST_DEPS ?= pytest hypothesis tensorflow-cpu==2.21.0 h5py protobuf ruff==0.17.6
 # tf-keras (Keras 2, for the tests where its behaviour differs) without its dependencies: it
 # requires the `tensorflow` distribution, which would install the full TF beside tensorflow-cpu
 # (the same `tensorflow` module).
