@@ -175,9 +175,10 @@ def _cudnn_rnn_canonical_to_params_v2_fake(
             f"{scalar_type_name(ref.dtype)}"
         ),
     )
-    counts = cfg.canonical_counts()
+    counts, all_shapes = cfg.canonical_counts(), None
     for i, (name, ts) in enumerate((("weights", weights), ("biases", biases))):
-        # The count first: the shapes are listed only once the list is as long as they are.
+        # The count first: the shapes are listed once the weights list is as long as they are
+        # (so the lists are bounded by a real one).
         torch._check(
             len(ts) == counts[i],
             lambda: (
@@ -185,7 +186,8 @@ def _cudnn_rnn_canonical_to_params_v2_fake(
                 f"({config_text(cfg)}), got {len(ts)}"
             ),
         )
-        shapes = cfg.canonical_shapes()[i]
+        all_shapes = all_shapes or cfg.canonical_shapes()
+        shapes = all_shapes[i]
         for k, (t, s) in enumerate(zip(ts, shapes)):
             torch._check(
                 list(t.shape) == list(s),
