@@ -250,6 +250,31 @@ def test_max_nan_and_integer_semantics():
     assert T.fractional_avg_pool(x, [1, 2, 2, 1], False, False, True, 1, 1)[0].item() == 0
 
 
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("C", [3, 16, 32, 40])  # scalars; one, two, five whole vectors
+def test_max_grad_checks_every_cell_including_one_wide_last_ones(overlapping, C):
+    """Overlapping cells end at the next cell's first index, clamped to the input: here the
+    last cell row and column are one element wide, and their only row/column is shared with
+    the cells before. Raising or lowering orig_output in any single cell and channel must fail
+    TF's check; the unperturbed gradient matches the reference scatter."""
+    g = torch.Generator().manual_seed(C)
+    x = torch.randn(2, 6, 6, C, generator=g)
+    rows, cols = [0, 2, 4, 5, 6], [0, 1, 3, 5, 6]
+    y = torch.from_numpy(R.fractional_pool_ref(x.numpy(), rows, cols, overlapping, "max"))
+    dy = torch.randn(y.shape, generator=g)
+    dx = T.fractional_max_pool_grad(x, y, dy, rows, cols, overlapping)
+    ref = R.fractional_max_pool_grad_ref(x.numpy(), y.numpy(), dy.numpy(), rows, cols, overlapping)
+    assert np.array_equal(dx.numpy(), ref)
+    for i in range(4):
+        for j in range(4):
+            c = (i * 4 + j) % C
+            for delta in (0.5, -0.5):
+                bad = y.clone()
+                bad[1, i, j, c] += delta
+                with pytest.raises(RuntimeError, match="tensor_out_dup is not the same"):
+                    T.fractional_max_pool_grad(x, bad, dy, rows, cols, overlapping)
+
+
 def test_zero_seeds_follow_torch_generator():
     x = torch.randn(1, 40, 40, 1)
     torch.manual_seed(3)

@@ -1,7 +1,7 @@
 // FractionalMaxPoolGrad on the CPU and its double backward (see fractional_pool.cpp for the
 // family's design): MaxGradPass (fractional_max_pool_grad_pass.h) over tasks that never share
-// an element. Float channels in whole 16-lane vectors take the AVX-512 kernel of
-// fractional_max_pool_grad_avx512.cpp where the CPU has it.
+// an element. Disjoint cells with float channels in whole 16-lane vectors take the AVX-512
+// kernel of fractional_max_pool_grad_avx512.cpp where the CPU has it.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -32,18 +32,19 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   const bool stream = std::is_same_v<scalar_t, float> && C % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(dx.const_data_ptr()) % 32 == 0 &&
                       worth_streaming(dx.numel() * 4);
-  // The overlapping cells' gather streams dx everywhere; the disjoint cells only where the CPU
-  // has AVX-512 (the AVX2 kernel runs there for channel counts that are not a multiple of 16,
-  // or when forced): ordinary stores were the faster on a CPU without it (Zen 3), streaming as
-  // fast or faster on one with it (Zen 4); docs/perf-notes/fractional_pool.md.
+  // Overlapping cells stream dx everywhere; disjoint cells only where the CPU has AVX-512 (the
+  // AVX2 kernel runs there for channel counts that are not a multiple of 16, or when forced):
+  // ordinary stores were the faster on a CPU without it (Zen 3), streaming as fast or faster on
+  // one with it (Zen 4); docs/perf-notes/fractional_pool.md.
   pass.stream = stream && (overlapping || cpu_has_avx512());
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
   if (!g.rows.covers_all() || !g.cols.covers_all()) dx.zero_();
-  // Float channels in whole 16-lane vectors: the AVX-512 kernel where the CPU has it.
+  // Disjoint cells, float channels in whole 16-lane vectors: the AVX-512 kernel where the CPU
+  // has it.
   std::unique_ptr<fracpool::MaxGradAvx512> wide;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (C % 16 == 0 && !pass.scalar_only && avx512_enabled())
+    if (!overlapping && C % 16 == 0 && !pass.scalar_only && avx512_enabled())
       wide = std::make_unique<fracpool::MaxGradAvx512>(
           pass.x, pass.sN, pass.sH, pass.sW, pass.y, pass.dy, pass.dx, g,
           stream && reinterpret_cast<uintptr_t>(pass.dx) % 64 == 0);
@@ -63,9 +64,7 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
-        if (!(wide ? wide->overlapping_block(t / blocks, d0, d1)
-                   : pass.overlapping_block(t / blocks, d0, d1)))
-          same = false;
+        if (!pass.overlapping_block(t / blocks, d0, d1)) same = false;
       }
       if (stream) stream_fence();
     });

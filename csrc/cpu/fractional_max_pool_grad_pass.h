@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/fractional_pool.h"
+#include "cpu/fractional_max_pool_grad_one_pass.h"
 #include "cpu/fractional_pool_cpu.h"
 #include "cpu/widen.h"
 
@@ -48,14 +49,64 @@ bool exact_positions(const GradPlan& g) {
          widest(g.rows) * widest(g.cols) <= (int64_t{1} << std::numeric_limits<A>::digits);
 }
 
+// OnePassMaxGrad's lanes (fractional_max_pool_grad_one_pass.h): Vectorized<acc_t>, every dtype
+// that has vectors (half types widened to float), 8 float lanes in this AVX2 build.
+template <typename scalar_t_>
+struct VecLanes {
+  using scalar_t = scalar_t_;
+  using acc_t = fracpool_cpu::acc_t<scalar_t>;
+  using Vec = Vectorized<acc_t>;
+  using Mask = Vec;
+  using Flags = Vec;
+  using Wd = Widen<scalar_t, acc_t>;
+  static constexpr int64_t size = Vec::size();
+  // Float is the tuned type: the other types compile the one generic variant (each variant
+  // multiplies the instantiations, and the sanitizer build's compile time).
+  static constexpr bool kTuned = std::is_same_v<scalar_t, float>;
+
+  static C10_ALWAYS_INLINE Vec load(const scalar_t* p) { return Wd::load(p); }
+  static C10_ALWAYS_INLINE Vec load_acc(const acc_t* p) { return Vec::loadu(p); }
+  static C10_ALWAYS_INLINE void store_acc(acc_t* p, const Vec& v) { v.store(p); }
+  template <bool kStream>
+  static C10_ALWAYS_INLINE void put(scalar_t* p, const Vec& v) {
+    if constexpr (kStream && std::is_same_v<scalar_t, float>)
+      stream_store(p, v);
+    else
+      Wd::store(p, v);
+  }
+  static C10_ALWAYS_INLINE Vec zero() { return Vec(acc_t(0)); }
+  static C10_ALWAYS_INLINE Vec add(const Vec& a, const Vec& b) { return a + b; }
+  static C10_ALWAYS_INLINE Mask equal(const Vec& a, const Vec& b) { return a == b; }
+  static C10_ALWAYS_INLINE Vec take(const Vec& r, const Mask& e) { return r & e; }
+  static C10_ALWAYS_INLINE Vec drop(const Vec& r, const Mask& e) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<acc_t, float>) return _mm256_andnot_ps(e, r);
+    if constexpr (std::is_same_v<acc_t, double>) return _mm256_andnot_pd(e, r);
+#endif
+    return Vec::blendv(r, zero(), e);
+  }
+  // VMAXPS's rule: v where v > acc, else acc (a NaN acc stays, a NaN v is skipped), which is
+  // TF's `best < v` update without its select.
+  static C10_ALWAYS_INLINE Vec max_keep(const Vec& v, const Vec& acc) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<acc_t, float>) return _mm256_max_ps(v, acc);
+    if constexpr (std::is_same_v<acc_t, double>) return _mm256_max_pd(v, acc);
+#endif
+    return Vec::blendv(acc, v, acc < v);
+  }
+  static C10_ALWAYS_INLINE Flags no_flags() { return zero(); }
+  static C10_ALWAYS_INLINE Flags differ(const Flags& f, const Vec& m, const Vec& y) {
+    return f | (m != y);
+  }
+  static C10_ALWAYS_INLINE bool any(const Flags& f) { return (f == zero()).zero_mask() != 0; }
+};
+
 // The gradient, with each cell's argmax (first maximum in scan order, TF's tie rule) recomputed
 // and checked against orig_output.
 // * Disjoint cells: one pass over the cells; each writes its elements, dy where it is the
 //   maximum and 0 elsewhere. One task per cell row.
-// * Overlapping cells: per image and channel block, the argmaxes of a cell row go to a
-//   two-row ring, then every dx row that no later cell row covers is gathered, element by
-//   element, from the (at most 2x2) cells covering it, in TF's cell order starting from 0 as
-//   TF's scatter-add does: dx is written once, without read-modify-write of shared boundaries.
+// * Overlapping cells: per image and channel block, OnePassMaxGrad over whole vectors
+//   (fractional_max_pool_grad_one_pass.h), the cells' sweeps below for the other channels.
 // Tasks never share an element.
 template <typename scalar_t>
 struct MaxGradPass {
@@ -141,53 +192,6 @@ struct MaxGradPass {
     }
   }
 
-  // VMAXPS's rule: v where v > acc, else acc (a NaN acc stays, a NaN v is skipped), which is
-  // TF's `best < v` update without its select.
-  static C10_ALWAYS_INLINE Vec max_keep(const Vec& v, const Vec& acc) {
-#if defined(CPU_CAPABILITY_AVX2)
-    if constexpr (std::is_same_v<A, float>) return _mm256_max_ps(v, acc);
-    if constexpr (std::is_same_v<A, double>) return _mm256_max_pd(v, acc);
-#endif
-    return Vec::blendv(acc, v, acc < v);
-  }
-
-  // The argmaxes of NV channel vectors of a cell of compile-time size (RH rows, CW columns at
-  // col[w], a narrower cell's last column repeated), found without cell_argmaxes'
-  // compare-and-select chain, whose latency bounds it: TF's maximum is a max_keep chain from
-  // the first element, checked against orig_output yc; where they are equal, TF's argmax (the
-  // first maximum in scan order) is the first element equal to orig_output, which a reverse
-  // sweep finds (its last hit wins; a repeated column is visited before its real one). The
-  // AVX-512 kernel's search. Returns the lanes whose maximum differs from orig_output.
-  template <int RH, int CW, int NV>
-  static C10_ALWAYS_INLINE int find_positions(const scalar_t* const* col, int64_t row,
-                                              const scalar_t* yc, Vec* at) {
-    Vec e0[NV], dup[NV], m[NV];
-    for (int k = 0; k < NV; ++k) {
-      e0[k] = dup[k] = Wd::load(col[0] + k * L);
-      m[k] = Wd::load(yc + k * L);
-      at[k] = Vec(A(0));
-    }
-#pragma GCC unroll 4
-    for (int h = RH - 1; h >= 0; --h) {
-#pragma GCC unroll 4
-      for (int w = CW - 1; w >= (h == 0 ? 1 : 0); --w) {
-        const Vec here(static_cast<A>(h * CW + w));
-#pragma GCC unroll 4
-        for (int k = 0; k < NV; ++k) {
-          const Vec v = Wd::load(col[w] + h * row + k * L);
-          dup[k] = max_keep(v, dup[k]);
-          at[k] = Vec::blendv(at[k], here, v == m[k]);
-        }
-      }
-    }
-    int mismatch = 0;
-    for (int k = 0; k < NV; ++k) {
-      at[k] = Vec::blendv(at[k], Vec(A(0)), e0[k] == m[k]);
-      mismatch |= (dup[k] == m[k]).zero_mask();
-    }
-    return mismatch;
-  }
-
   // Non-temporal stores exist for float only: the other types compile one variant.
   static constexpr bool kCanStreamType = std::is_same_v<scalar_t, float>;
 
@@ -216,22 +220,11 @@ struct MaxGradPass {
   }
 
   // NV channel vectors of one cell: the argmaxes into pos; returns the lanes whose maximum
-  // differs from orig_output. kSearch (overlapping cells, 2x2 to 3x3): find_positions, which
-  // took 0.82-0.92x the time there; the disjoint cells' sweeps (mostly 1 or 2 elements per
-  // axis) keep the compare-and-select chain, which is as fast or faster for so few elements.
-  template <int RH, int CW, int NV, bool kSearch = false>
+  // differs from orig_output.
+  template <int RH, int CW, int NV>
   C10_ALWAYS_INLINE int argmax_vectors(const scalar_t* xc, const scalar_t* yc, A* pos, int64_t rh,
                                        int64_t last, int64_t stride, int64_t row,
                                        int64_t pixel) const {
-    if constexpr (kSearch && RH > 0 && CW > 0) {
-      const scalar_t* col[CW];
-#pragma GCC unroll 4
-      for (int w = 0; w < CW; ++w) col[w] = xc + std::min<int64_t>(w, last) * pixel;
-      Vec at[NV];
-      const int mismatch = find_positions<RH, CW, NV>(col, row, yc, at);
-      for (int k = 0; k < NV; ++k) at[k].store(pos + k * L);
-      return mismatch;
-    }
     Vec best[NV], at[NV];
     cell_argmaxes<RH, CW, NV>(xc, rh, last, stride, row, pixel, best, at);
     int mismatch = 0;
@@ -334,128 +327,6 @@ struct MaxGradPass {
     return cell_row_as<RH, false>(b, i, dv);
   }
 
-  // ---- overlapping cells
-  // Argmaxes of cell row i, channels [d0, d1) in whole vectors, into pos[OW][d1 - d0].
-  template <int RH, int CW>
-  bool argmax_cells(int64_t b, int64_t i, int64_t d0, int64_t d1, A* pos) const {
-    const int64_t r0 = g.rows.start[i], rh = RH > 0 ? RH : g.rows.end[i] - r0 + 1;
-    const int64_t row = sH, pixel = sW, nd = d1 - d0, stride = CW > 0 ? CW : cw_max;
-    int mismatch = 0;
-    for (int64_t j = 0; j < OW; ++j) {
-      const int64_t c0 = g.cols.start[j], last = g.cols.end[j] - c0;
-      const scalar_t* xc = x + b * sN + r0 * row + c0 * pixel + d0;
-      const scalar_t* yc = y + ((b * OH + i) * OW + j) * C + d0;
-      A* pj = pos + j * nd;
-      // At most two vectors at a time: four chains of find_positions (maximum, position,
-      // first element, orig_output each) do not fit AVX2's 16 registers (1.2-1.4x the time).
-      for_vector_groups<2>(nd, [&](int64_t d, auto nv) {
-        mismatch |= argmax_vectors<RH, CW, decltype(nv)::value, true>(xc + d, yc + d, pj + d, rh,
-                                                                      last, stride, row, pixel);
-      });
-    }
-    return mismatch == 0;
-  }
-  template <int RH>
-  bool argmax_row(int64_t b, int64_t i, int64_t d0, int64_t d1, A* pos) const {
-    switch (cw_max) {
-      case 2: return argmax_cells<RH, 2>(b, i, d0, d1, pos);
-      case 3: return argmax_cells<RH, 3>(b, i, d0, d1, pos);
-      default: return argmax_cells<0, 0>(b, i, d0, d1, pos);
-    }
-  }
-
-  // dx row h of image b, channels d0 + [0, nd): each element is 0 plus, in TF's cell order,
-  // dy of each covering cell whose argmax it is. Cell row ia covers the row; kTwo: so does ib
-  // (h is its first row). Their argmaxes are in the ring. The walk goes cell by cell: cell j's
-  // first column (the last of cell j - 1, for j > 0) adds j - 1's terms first; the running
-  // positions `ra`, `rb` step through the columns. NV > 0: nd = NV * L.
-  template <bool kTwo, int NV, bool kStream>
-  void gather_row(int64_t b, int64_t h, int64_t d0, int64_t nd_, const A* ring) const {
-    const int64_t nd = NV > 0 ? NV * L : nd_;
-    const int64_t ia = g.rows.first[h], ib = g.rows.last[h], cells = OW * nd, c = C, ow = OW;
-    const Vec base_a(static_cast<A>((h - g.rows.start[ia]) * cw_max)), one(A(1)), zero(A(0));
-    const A *pa = ring + (ia & 1) * cells, *pb = ring + (ib & 1) * cells;
-    const scalar_t* ga = dy + (b * OH + ia) * OW * C + d0;
-    const scalar_t* gb = dy + (b * OH + ib) * OW * C + d0;
-    scalar_t* o = dx + (b * H + h) * W * C + d0;
-    const int64_t* starts = g.cols.start.data();
-    const int64_t* ends = g.cols.end.data();
-    // dy where the cell's argmax `at` is the position `here`.
-    auto term = [](const A* at, const scalar_t* grad, const Vec& here) {
-      return Wd::load(grad) & (Vec::loadu(at) == here);
-    };
-    Vec ra = base_a, rb = zero;
-    for (int64_t j = 0; j < ow; ++j) {
-      const int64_t c0 = starts[j], last = ends[j] - c0;
-      const A *a = pa + j * nd, *bq = pb + j * nd;
-      const scalar_t *da = ga + j * c, *db = gb + j * c;
-      scalar_t* out = o + c0 * c;
-#pragma GCC unroll 8
-      for (int64_t d = 0; d < nd; d += L) {
-        Vec acc(A(0));
-        if (j > 0) acc = acc + term(a - nd + d, da - c + d, ra);
-        acc = acc + term(a + d, da + d, base_a);
-        if (kTwo && j > 0) acc = acc + term(bq - nd + d, db - c + d, rb);
-        if (kTwo) acc = acc + term(bq + d, db + d, zero);
-        put<kStream>(out + d, acc);
-      }
-      ra = base_a + one;
-      rb = one;
-      // The last column of a cell before the last is the next cell's first.
-      const int64_t q1 = j + 1 < ow ? last - 1 : last;
-      for (int64_t q = 1; q <= q1; ++q) {
-        out += c;
-#pragma GCC unroll 8
-        for (int64_t d = 0; d < nd; d += L) {
-          Vec acc = Vec(A(0)) + term(a + d, da + d, ra);
-          if (kTwo) acc = acc + term(bq + d, db + d, rb);
-          put<kStream>(out + d, acc);
-        }
-        ra = ra + one;
-        rb = rb + one;
-      }
-    }
-  }
-  template <int NV>
-  void gather_rows(int64_t b, int64_t h, int64_t d0, int64_t nd, const A* ring) const {
-    const bool two = g.rows.first[h] < g.rows.last[h];
-    if (g.rows.first[h] > g.rows.last[h]) return;  // no cell covers the row
-    if constexpr (kCanStreamType) {
-      if (stream) {
-        two ? gather_row<true, NV, true>(b, h, d0, nd, ring)
-            : gather_row<false, NV, true>(b, h, d0, nd, ring);
-        return;
-      }
-    }
-    two ? gather_row<true, NV, false>(b, h, d0, nd, ring)
-        : gather_row<false, NV, false>(b, h, d0, nd, ring);
-  }
-
-  // Image b, channels [d0, d1) in whole vectors.
-  bool shared_image(int64_t b, int64_t d0, int64_t d1) const {
-    const int64_t nd = d1 - d0;
-    std::vector<A> ring(2 * OW * nd);
-    bool ok = true;
-    int64_t h = 0;
-    for (int64_t i = 0; i < OH; ++i) {
-      A* pos = ring.data() + (i & 1) * OW * nd;
-      switch (g.rows.count(i)) {
-        case 2: ok &= argmax_row<2>(b, i, d0, d1, pos); break;
-        case 3: ok &= argmax_row<3>(b, i, d0, d1, pos); break;
-        default: ok &= argmax_row<0>(b, i, d0, d1, pos);
-      }
-      for (; h < H && g.rows.last[h] <= i; ++h) {  // rows no later cell row covers
-        switch (nd / L * L == nd ? nd / L : 0) {
-          case 2: gather_rows<2>(b, h, d0, nd, ring.data()); break;
-          case 4: gather_rows<4>(b, h, d0, nd, ring.data()); break;
-          case 8: gather_rows<8>(b, h, d0, nd, ring.data()); break;
-          default: gather_rows<0>(b, h, d0, nd, ring.data());
-        }
-      }
-    }
-    return ok;
-  }
-
   // ---- scalar channels (integers, the channels after the last whole vector, huge cells)
   // Cells in TF's order; an element's first covering cell assigns, later ones add. With `buf`
   // (half types, overlapping cells: [H][W][d1 - d0] in A) the sums stay in A and the caller
@@ -540,7 +411,12 @@ struct MaxGradPass {
       }
     }
     if constexpr (!std::is_integral_v<scalar_t>)  // integers: scalars only
-      if (dv > d0) ok &= shared_image(b, d0, dv);
+      if (dv > d0) {
+        std::vector<A> ring(4 * OW * (dv - d0));
+        const fracpool::OnePassMaxGrad<VecLanes<scalar_t>> pass{x, sN, sH, sW, y, dy, dx, g};
+        ok &= stream ? pass.template image<true>(b, d0, dv - d0, ring.data())
+                     : pass.template image<false>(b, d0, dv - d0, ring.data());
+      }
     return ok;
   }
 };

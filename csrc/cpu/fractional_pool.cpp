@@ -12,13 +12,14 @@
 //   deterministic, and the same rounding as TF's scatter (double accumulator, then one cast).
 // * Max gradient: each cell's argmax (first maximum in scan order, TF's tie rule) is
 //   recomputed and checked against orig_output. Disjoint cells then write their elements, dy
-//   at the argmax and 0 elsewhere; overlapping cells keep a cell row's argmaxes, and each dx
-//   row is gathered once from the cells covering it, in TF's order (MaxGradPass). Its double
-//   backward selects grad at the same argmax.
+//   at the argmax and 0 elsewhere (MaxGradPass); overlapping cells are walked once, dx row by
+//   dx row, each element visited for every cell covering it and written once, its terms added
+//   in TF's order (OnePassMaxGrad). Its double backward selects grad at the same argmax.
 //
 // Files: this one holds the pooling, the avg gradient and its double backward, and registers
-// the family's ops; fractional_max_pool_grad.cpp (with fractional_max_pool_grad_pass.h and,
-// for AVX-512, fractional_max_pool_grad_avx512.cpp) the max gradient and its double backward;
+// the family's ops; fractional_max_pool_grad.cpp (with fractional_max_pool_grad_pass.h,
+// fractional_max_pool_grad_one_pass.h and, for AVX-512, fractional_max_pool_grad_avx512.cpp)
+// the max gradient and its double backward;
 // fractional_pool_cpu.h what they share.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

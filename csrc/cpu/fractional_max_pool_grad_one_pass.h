@@ -1,0 +1,259 @@
+// FractionalMaxPoolGrad with overlapping cells, in one pass over the input: the vector kernel of
+// both widths. `Lanes` is the register type and its operations: MaxGradPass's Vectorized lanes
+// (fractional_max_pool_grad_pass.h: every dtype, 8 float lanes in this AVX2 build) and the
+// 16-lane AVX-512 ones (fractional_max_pool_grad_avx512.cpp, which includes this header inside
+// its AVX-512 target region so that the instantiations are compiled for AVX-512 too: the
+// headers below must already be included there, outside the region).
+//
+// TF recomputes each cell's argmax (the first maximum in scan order), checks the maximum against
+// orig_output and adds dy at the argmax into a zeroed dx, cell by cell. Overlapping cells share
+// their boundary rows and columns, so an element adds up to four cells' dy, in TF's cell order.
+// This kernel walks dx row by row, and each row cell by cell, visiting every element once per
+// cell covering it, with the cell's state in registers:
+// * `r`: dy while the cell has not met orig_output's value y, then 0. An element equal to y
+//   takes r (TF's argmax: the maximum equals y, so the first element equal to y is the first
+//   maximum) and zeroes it, so ties go to the first in scan order, as in TF.
+// * `m`: TF's maximum so far, a max_keep chain from the cell's first element (a NaN later is
+//   skipped, a NaN first element stays and fails the check); at the cell's last row it is
+//   checked against y.
+// Both carry from one row to the next in a two-row ring (a cell row's state, [OW][nd] each).
+// A row shared by two cell rows (the last row of `ia`, the first of `ib`) visits each element
+// for both. The column a cell shares with the next is the cell's last visit and the next one's
+// first: the cell's term is carried in registers and added when the next cell reaches it.
+//
+// dx is the same float sum as TF's: an element starts at +0 and adds, in TF's cell order, the
+// terms of the cells covering it; a term is dy where the element is the cell's argmax and +0
+// elsewhere, and adding +0 changes nothing but a -0 sum, which cannot occur (dy enters as 0 + dy,
+// as TF's first add turns a -0 into +0).
+//
+// This replaced an argmax pass into a ring and a gather of dx rows from it, which loaded every
+// element once per covering cell twice and compared positions in the gather
+// (docs/perf-notes/fractional_pool.md).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/fractional_pool.h"
+
+namespace torch_tfgrads {
+namespace fracpool {
+
+// Lanes: scalar_t (memory), acc_t (registers and ring), Vec, Mask (a compare's result), Flags
+// (mismatches so far), size (lanes per Vec), kTuned (instantiate the paired and grouped
+// variants), and static load(const scalar_t*) (widened), load_acc / store_acc (the ring),
+// put<kStream>(scalar_t*, Vec), zero(), add, equal (-> Mask), take(r, e) (r where e, else +0),
+// drop(r, e) (+0 where e, else r), max_keep(v, acc) (VMAXPS: v where v > acc, else acc),
+// no_flags(), differ(Flags, m, y) (adds the lanes where m != y), any(Flags).
+template <typename Lanes>
+struct OnePassMaxGrad {
+  using T = typename Lanes::scalar_t;
+  using A = typename Lanes::acc_t;
+  using Vec = typename Lanes::Vec;
+  using Flags = typename Lanes::Flags;
+  static constexpr int64_t L = Lanes::size;
+  static constexpr int kMaxVectors = 64 / L;  // channel blocks of at most 64 channels
+
+  const T* x;  // orig_input, channels contiguous (strides sN, sH, sW)
+  int64_t sN, sH, sW;
+  const T *y, *dy;  // orig_output and out_backprop, contiguous NHWC
+  T* dx;            // the result, contiguous NHWC
+  const GradPlan& g;
+
+  // Image b, channels [d0, d0 + nd) (whole vectors, nd <= 64); ring: 4 * OW * nd elements.
+  // False: a cell's maximum differs from orig_output.
+  template <bool kStream>
+  bool image(int64_t b, int64_t d0, int64_t nd, A* ring) const {
+    const int64_t n = nd / L;
+    if constexpr (Lanes::kTuned) {
+      // Two channel vectors per visit share the pointer work; more do not fit the registers.
+      switch (n) {
+        case 1: return rows<kStream, 1, 1>(b, d0, nd, ring);
+        case 2: return rows<kStream, 2, 1>(b, d0, nd, ring);
+        case 4: return rows<kStream, 2, 2>(b, d0, nd, ring);
+        case 8: return rows<kStream, 2, 4>(b, d0, nd, ring);
+        default: break;
+      }
+    }
+    return rows<kStream, 1, 0>(b, d0, nd, ring);
+  }
+
+ private:
+  // NV channel vectors per visit, in G groups (0: nd / (NV * L), at run time).
+  template <bool kStream, int NV, int G>
+  bool rows(int64_t b, int64_t d0, int64_t nd, A* ring) const {
+    Flags bad = Lanes::no_flags();
+    for (int64_t h = 0; h < g.H; ++h) {
+      const int64_t ia = g.rows.first[h], ib = g.rows.last[h];
+      if (ia > ib) continue;  // no cell covers the row (its dx was zeroed)
+      if (ia < ib)
+        two_rows<kStream, NV, G>(b, h, ia, ib, d0, nd, ring, bad);
+      else
+        one_row<kStream, NV, G>(b, h, ia, d0, nd, ring, bad);
+    }
+    return !Lanes::any(bad);
+  }
+
+  // Row h, covered by cell row i alone.
+  template <bool kStream, int NV, int G>
+  void one_row(int64_t b, int64_t h, int64_t i, int64_t d0, int64_t nd, A* ring, Flags& bad) const {
+    const bool starts = h == g.rows.start[i], ends = h == g.rows.end[i];
+    const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
+    const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
+    const int64_t* ce = g.cols.end.data();
+    const T* xp = x + b * sN + h * sH + d0 + g.cols.start[0] * pixel;
+    const T* yp = y + (b * g.rows.cells + i) * OW * C + d0;
+    const T* gp = dy + (b * g.rows.cells + i) * OW * C + d0;
+    T* op = dx + (b * g.H + h) * g.W * C + d0 + g.cols.start[0] * C;
+    A* rs = ring + (i & 1) * 2 * cnd;  // r, then m
+    const Vec zero = Lanes::zero();
+    Vec carry[kMaxVectors];
+    for (int k = 0; k < groups * NV; ++k) carry[k] = zero;
+    int64_t c0 = g.cols.start[0], j = 0;
+    auto cell = [&](auto final) {
+      constexpr bool kFinal = decltype(final)::value;
+      const int64_t last = ce[j] - c0;
+#pragma GCC unroll 4
+      for (int gi = 0; gi < groups; ++gi) {
+        const int64_t d = gi * NV * L;
+        Vec r[NV], m[NV], t[NV];
+        for (int k = 0; k < NV; ++k) {
+          r[k] = starts ? Lanes::add(zero, Lanes::load(gp + d + k * L))
+                        : Lanes::load_acc(rs + d + k * L);
+          m[k] = starts ? Lanes::load(xp + d + k * L) : Lanes::load_acc(rs + cnd + d + k * L);
+        }
+        auto visit = [&](int64_t q) {
+          for (int k = 0; k < NV; ++k) {
+            const Vec v = Lanes::load(xp + q * pixel + d + k * L);
+            const auto e = Lanes::equal(v, Lanes::load(yp + d + k * L));
+            t[k] = Lanes::take(r[k], e);
+            r[k] = Lanes::drop(r[k], e);
+            m[k] = Lanes::max_keep(v, m[k]);
+          }
+        };
+        visit(0);
+        for (int k = 0; k < NV; ++k)
+          Lanes::template put<kStream>(op + d + k * L, Lanes::add(carry[gi * NV + k], t[k]));
+        const int64_t q1 = kFinal ? last : last - 1;
+        for (int64_t q = 1; q <= q1; ++q) {
+          visit(q);
+          for (int k = 0; k < NV; ++k) Lanes::template put<kStream>(op + q * C + d + k * L, t[k]);
+        }
+        if constexpr (!kFinal) {  // the last column is the next cell's first
+          visit(last);
+          for (int k = 0; k < NV; ++k) carry[gi * NV + k] = t[k];
+        }
+        for (int k = 0; k < NV; ++k) {
+          if (ends) {
+            bad = Lanes::differ(bad, m[k], Lanes::load(yp + d + k * L));
+          } else {
+            Lanes::store_acc(rs + d + k * L, r[k]);
+            Lanes::store_acc(rs + cnd + d + k * L, m[k]);
+          }
+        }
+      }
+      c0 += last;
+      xp += last * pixel;
+      op += last * C;
+      yp += C;
+      gp += C;
+      rs += nd;
+      ++j;
+    };
+    while (j + 1 < OW) cell(std::false_type{});
+    cell(std::true_type{});
+  }
+
+  // Row h, the last of cell row ia and the first of ib = ia + 1 (and its last too where ib is
+  // one row high). Cell row ia's maximum needs only this row's maximum per cell, which ib's m
+  // is: both start from the same first column here, and where that element is a NaN, ib fails
+  // its own check.
+  template <bool kStream, int NV, int G>
+  void two_rows(int64_t b, int64_t h, int64_t ia, int64_t ib, int64_t d0, int64_t nd, A* ring,
+                Flags& bad) const {
+    const bool ib_ends = h == g.rows.end[ib];
+    const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
+    const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
+    const int64_t* ce = g.cols.end.data();
+    const T* xp = x + b * sN + h * sH + d0 + g.cols.start[0] * pixel;
+    const T* yp = y + (b * g.rows.cells + ia) * OW * C + d0;
+    const int64_t ab = OW * C;  // ib's orig_output from ia's
+    const T* gp = dy + (b * g.rows.cells + ib) * OW * C + d0;
+    T* op = dx + (b * g.H + h) * g.W * C + d0 + g.cols.start[0] * C;
+    A* pa = ring + (ia & 1) * 2 * cnd;
+    A* pb = ring + (ib & 1) * 2 * cnd;
+    const Vec zero = Lanes::zero();
+    Vec ca[kMaxVectors], cb[kMaxVectors];  // carried: ia's sum so far, ib's term
+    for (int k = 0; k < groups * NV; ++k) ca[k] = cb[k] = zero;
+    int64_t c0 = g.cols.start[0], j = 0;
+    auto cell = [&](auto final) {
+      constexpr bool kFinal = decltype(final)::value;
+      const int64_t last = ce[j] - c0;
+#pragma GCC unroll 4
+      for (int gi = 0; gi < groups; ++gi) {
+        const int64_t d = gi * NV * L;
+        Vec ra[NV], rb[NV], mb[NV], ta[NV], tb[NV];
+        for (int k = 0; k < NV; ++k) {
+          ra[k] = Lanes::load_acc(pa + d + k * L);
+          rb[k] = Lanes::add(zero, Lanes::load(gp + d + k * L));
+          mb[k] = Lanes::load(xp + d + k * L);
+        }
+        auto visit = [&](int64_t q, auto first) {
+          for (int k = 0; k < NV; ++k) {
+            const Vec v = Lanes::load(xp + q * pixel + d + k * L);
+            const auto ea = Lanes::equal(v, Lanes::load(yp + d + k * L));
+            ta[k] = Lanes::take(ra[k], ea);
+            ra[k] = Lanes::drop(ra[k], ea);
+            const auto eb = Lanes::equal(v, Lanes::load(yp + ab + d + k * L));
+            tb[k] = Lanes::take(rb[k], eb);
+            rb[k] = Lanes::drop(rb[k], eb);
+            if constexpr (!decltype(first)::value) mb[k] = Lanes::max_keep(v, mb[k]);
+          }
+        };
+        // TF's cell order: (ia, j - 1), (ia, j), (ib, j - 1), (ib, j).
+        visit(0, std::true_type{});
+        for (int k = 0; k < NV; ++k) {
+          const int e = gi * NV + k;
+          const Vec sum = Lanes::add(Lanes::add(Lanes::add(ca[e], ta[k]), cb[e]), tb[k]);
+          Lanes::template put<kStream>(op + d + k * L, sum);
+        }
+        const int64_t q1 = kFinal ? last : last - 1;
+        for (int64_t q = 1; q <= q1; ++q) {
+          visit(q, std::false_type{});
+          for (int k = 0; k < NV; ++k)
+            Lanes::template put<kStream>(op + q * C + d + k * L, Lanes::add(ta[k], tb[k]));
+        }
+        if constexpr (!kFinal) {  // the last column is the next cell's first
+          visit(last, std::false_type{});
+          for (int k = 0; k < NV; ++k) {
+            ca[gi * NV + k] = ta[k];
+            cb[gi * NV + k] = tb[k];
+          }
+        }
+        for (int k = 0; k < NV; ++k) {
+          const Vec ma = Lanes::max_keep(mb[k], Lanes::load_acc(pa + cnd + d + k * L));
+          bad = Lanes::differ(bad, ma, Lanes::load(yp + d + k * L));
+          if (ib_ends) {
+            bad = Lanes::differ(bad, mb[k], Lanes::load(yp + ab + d + k * L));
+          } else {
+            Lanes::store_acc(pb + d + k * L, rb[k]);
+            Lanes::store_acc(pb + cnd + d + k * L, mb[k]);
+          }
+        }
+      }
+      c0 += last;
+      xp += last * pixel;
+      op += last * C;
+      yp += C;
+      gp += C;
+      pa += nd;
+      pb += nd;
+      ++j;
+    };
+    while (j + 1 < OW) cell(std::false_type{});
+    cell(std::true_type{});
+  }
+};
+
+}  // namespace fracpool
+}  // namespace torch_tfgrads
