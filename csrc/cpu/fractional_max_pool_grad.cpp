@@ -1,7 +1,7 @@
 // FractionalMaxPoolGrad on the CPU and its double backward (see fractional_pool.cpp for the
 // family's design): MaxGradPass (fractional_max_pool_grad_pass.h) over tasks that never share
-// an element. Disjoint cells with float channels in whole 16-lane vectors take the AVX-512
-// kernel of fractional_max_pool_grad_avx512.cpp where the CPU has it.
+// an element. Float channels in whole 16-lane vectors take the AVX-512 kernel of
+// fractional_max_pool_grad_avx512.cpp where the CPU has it.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -11,6 +11,7 @@
 #include <atomic>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "common/fractional_pool.h"
 #include "cpu/fractional_max_pool_grad_avx512.h"
@@ -40,11 +41,10 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   // Sequences that do not start at 0 or end at the input's size leave rows/columns that no
   // cell covers (and the pass never writes): their gradient is zero.
   if (!g.rows.covers_all() || !g.cols.covers_all()) dx.zero_();
-  // Disjoint cells, float channels in whole 16-lane vectors: the AVX-512 kernel where the CPU
-  // has it.
+  // Float channels in whole 16-lane vectors: the AVX-512 kernel where the CPU has it.
   std::unique_ptr<fracpool::MaxGradAvx512> wide;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (!overlapping && C % 16 == 0 && !pass.scalar_only && avx512_enabled())
+    if (C % 16 == 0 && !pass.scalar_only && avx512_enabled())
       wide = std::make_unique<fracpool::MaxGradAvx512>(
           pass.x, pass.sN, pass.sH, pass.sW, pass.y, pass.dy, pass.dx, g,
           stream && reinterpret_cast<uintptr_t>(pass.dx) % 64 == 0);
@@ -62,9 +62,13 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
     constexpr int64_t kBlock = 64;
     const int64_t blocks = (C + kBlock - 1) / kBlock;
     at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
+      // OnePassMaxGrad's ring, once per thread (not per image: fewer page faults)
+      std::vector<acc_t<scalar_t>> ring(wide ? 0 : pass.ring_size());
       for (int64_t t = begin; t < end; ++t) {
         const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
-        if (!pass.overlapping_block(t / blocks, d0, d1)) same = false;
+        if (!(wide ? wide->overlapping_block(t / blocks, d0, d1)
+                   : pass.overlapping_block(t / blocks, d0, d1, ring.data())))
+          same = false;
       }
       if (stream) stream_fence();
     });

@@ -1,15 +1,18 @@
-// FractionalMaxPoolGrad's float kernel for disjoint cells in 16-lane AVX-512 registers, for
-// CPUs that have AVX-512 and channel counts that are a multiple of 16. The rest of the extension
-// is built for AVX2; this kernel alone is compiled for AVX-512 (function-level target) and
-// chosen at run time: its argmax sweeps compare into mask registers and select with masked moves
-// (AVX2: a compare, then a blend) on twice the lanes, and its 32 registers hold two cells'
-// sweeps. (Overlapping cells take OnePassMaxGrad, fractional_max_pool_grad_one_pass.h, on every
-// CPU: a 16-lane variant of it measured no faster; docs/perf-notes/fractional_pool.md.)
+// FractionalMaxPoolGrad's float kernel in 16-lane AVX-512 registers, for CPUs that have
+// AVX-512 and channel counts that are a multiple of 16. The rest of the extension is built for
+// AVX2; this kernel alone is compiled for AVX-512 (function-level target) and chosen at run
+// time: its argmax sweeps compare into mask registers and select with masked moves (AVX2: a
+// compare, then a blend) on twice the lanes, and its 32 registers hold two cells' sweeps, or
+// a cell's argmaxes and dy across the gather's columns.
 //
-// TF's recomputed maximum is a VMAXPS chain that is checked against orig_output, and where they
-// are equal TF's argmax (the first maximum in scan order) is the first element equal to
-// orig_output, which a reverse sweep finds without a compare-select chain. dx is bit-identical
-// to MaxGradPass's (tests/test_fractional_pool.py runs both and compares the bits).
+// The argmax search: TF's recomputed maximum is a VMAXPS chain that is checked against
+// orig_output, and where they are equal TF's argmax (the first maximum in scan order) is the
+// first element equal to orig_output, which a reverse sweep finds without a compare-select
+// chain. Each dx element adds its dy contributions in TF's cell order starting from 0, so dx
+// is bit-identical to MaxGradPass's (tests/test_fractional_pool.py runs both and compares the
+// bits). Overlapping cells keep this argmax-then-gather scheme here: the 8-lane kernel's one
+// pass (fractional_max_pool_grad_one_pass.h) took 1.2-1.6x its time in the benchmark's
+// timing on an AVX-512 Zen 4 host (docs/perf-notes/fractional_pool.md).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,8 @@ struct MaxGradAvx512 {
 
   // Disjoint cells: cell row i of image b, all channels. False: an orig_output mismatch.
   bool disjoint_row(int64_t b, int64_t i) const;
+  // Overlapping cells: image b, channels [d0, d1) (multiples of 16).
+  bool overlapping_block(int64_t b, int64_t d0, int64_t d1) const;
 
   const float* x;
   int64_t sN, sH, sW;

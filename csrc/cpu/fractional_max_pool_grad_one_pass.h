@@ -1,9 +1,9 @@
-// FractionalMaxPoolGrad with overlapping cells, in one pass over the input: the vector kernel of
-// both widths. `Lanes` is the register type and its operations: MaxGradPass's Vectorized lanes
-// (fractional_max_pool_grad_pass.h: every dtype, 8 float lanes in this AVX2 build) and the
-// 16-lane AVX-512 ones (fractional_max_pool_grad_avx512.cpp, which includes this header inside
-// its AVX-512 target region so that the instantiations are compiled for AVX-512 too: the
-// headers below must already be included there, outside the region).
+// FractionalMaxPoolGrad with overlapping cells, in one pass over the input: the vector kernel
+// of every dtype on the 8-lane (AVX2) path. `Lanes` is the register type and its operations,
+// MaxGradPass's Vectorized lanes (fractional_max_pool_grad_pass.h); the kernel itself knows no
+// ISA, and the headers it includes are plain C++ (a 16-lane AVX-512 set of lanes compiled it in
+// a target region: no faster than these 8 lanes in cache on an AVX-512 Zen 4 host, and slower
+// than the AVX-512 kernel of fractional_max_pool_grad_avx512.cpp in the benchmark's timing).
 //
 // TF recomputes each cell's argmax (the first maximum in scan order), checks the maximum against
 // orig_output and adds dy at the argmax into a zeroed dx, cell by cell. Overlapping cells share
@@ -26,15 +26,23 @@
 // elsewhere, and adding +0 changes nothing but a -0 sum, which cannot occur (dy enters as 0 + dy,
 // as TF's first add turns a -0 into +0).
 //
-// This replaced an argmax pass into a ring and a gather of dx rows from it, which loaded every
-// element once per covering cell twice and compared positions in the gather
-// (docs/perf-notes/fractional_pool.md).
+// On the 8-lane path this replaced an argmax pass into a ring and a gather of dx rows from it,
+// which loaded every element once per covering cell twice and compared positions in the gather
+// (0.77-0.86x its time in cache; docs/perf-notes/fractional_pool.md).
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
 #include "common/fractional_pool.h"
+
+// The per-cell lambdas must inline: called out of line, their state (carried sums, the cell's
+// registers) goes through memory, 1.6-1.9x the time.
+#if defined(__GNUC__)
+#define TFGRADS_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define TFGRADS_INLINE_LAMBDA
+#endif
 
 namespace torch_tfgrads {
 namespace fracpool {
@@ -66,7 +74,8 @@ struct OnePassMaxGrad {
   bool image(int64_t b, int64_t d0, int64_t nd, A* ring) const {
     const int64_t n = nd / L;
     if constexpr (Lanes::kTuned) {
-      // Two channel vectors per visit share the pointer work; more do not fit the registers.
+      // Two channel vectors per visit share the pointer work; four spill past AVX2's 16
+      // registers (1.1-1.4x the time at 32 channels).
       switch (n) {
         case 1: return rows<kStream, 1, 1>(b, d0, nd, ring);
         case 2: return rows<kStream, 2, 1>(b, d0, nd, ring);
@@ -87,16 +96,17 @@ struct OnePassMaxGrad {
       const int64_t ia = g.rows.first[h], ib = g.rows.last[h];
       if (ia > ib) continue;  // no cell covers the row (its dx was zeroed)
       if (ia < ib)
-        two_rows<kStream, NV, G>(b, h, ia, ib, d0, nd, ring, bad);
+        bad = Lanes::merge(bad, two_rows<kStream, NV, G>(b, h, ia, ib, d0, nd, ring));
       else
-        one_row<kStream, NV, G>(b, h, ia, d0, nd, ring, bad);
+        bad = Lanes::merge(bad, one_row<kStream, NV, G>(b, h, ia, d0, nd, ring));
     }
     return !Lanes::any(bad);
   }
 
   // Row h, covered by cell row i alone.
   template <bool kStream, int NV, int G>
-  void one_row(int64_t b, int64_t h, int64_t i, int64_t d0, int64_t nd, A* ring, Flags& bad) const {
+  Flags one_row(int64_t b, int64_t h, int64_t i, int64_t d0, int64_t nd, A* ring) const {
+    Flags bad = Lanes::no_flags();  // a local: through a reference, every cell waited on it
     const bool starts = h == g.rows.start[i], ends = h == g.rows.end[i];
     const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
     const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
@@ -110,7 +120,7 @@ struct OnePassMaxGrad {
     Vec carry[kMaxVectors];
     for (int k = 0; k < groups * NV; ++k) carry[k] = zero;
     int64_t c0 = g.cols.start[0], j = 0;
-    auto cell = [&](auto final) {
+    auto cell = [&](auto final) TFGRADS_INLINE_LAMBDA {
       constexpr bool kFinal = decltype(final)::value;
       const int64_t last = ce[j] - c0;
 #pragma GCC unroll 4
@@ -122,7 +132,7 @@ struct OnePassMaxGrad {
                         : Lanes::load_acc(rs + d + k * L);
           m[k] = starts ? Lanes::load(xp + d + k * L) : Lanes::load_acc(rs + cnd + d + k * L);
         }
-        auto visit = [&](int64_t q) {
+        auto visit = [&](int64_t q) TFGRADS_INLINE_LAMBDA {
           for (int k = 0; k < NV; ++k) {
             const Vec v = Lanes::load(xp + q * pixel + d + k * L);
             const auto e = Lanes::equal(v, Lanes::load(yp + d + k * L));
@@ -162,6 +172,7 @@ struct OnePassMaxGrad {
     };
     while (j + 1 < OW) cell(std::false_type{});
     cell(std::true_type{});
+    return bad;
   }
 
   // Row h, the last of cell row ia and the first of ib = ia + 1 (and its last too where ib is
@@ -169,9 +180,9 @@ struct OnePassMaxGrad {
   // is: both start from the same first column here, and where that element is a NaN, ib fails
   // its own check.
   template <bool kStream, int NV, int G>
-  void two_rows(int64_t b, int64_t h, int64_t ia, int64_t ib, int64_t d0, int64_t nd, A* ring,
-                Flags& bad) const {
-    const bool ib_ends = h == g.rows.end[ib];
+  Flags two_rows(int64_t b, int64_t h, int64_t ia, int64_t ib, int64_t d0, int64_t nd,
+                 A* ring) const {
+    Flags bad = Lanes::no_flags();
     const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
     const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
     const int64_t* ce = g.cols.end.data();
@@ -186,7 +197,7 @@ struct OnePassMaxGrad {
     Vec ca[kMaxVectors], cb[kMaxVectors];  // carried: ia's sum so far, ib's term
     for (int k = 0; k < groups * NV; ++k) ca[k] = cb[k] = zero;
     int64_t c0 = g.cols.start[0], j = 0;
-    auto cell = [&](auto final) {
+    auto cell = [&](auto final) TFGRADS_INLINE_LAMBDA {
       constexpr bool kFinal = decltype(final)::value;
       const int64_t last = ce[j] - c0;
 #pragma GCC unroll 4
@@ -198,7 +209,7 @@ struct OnePassMaxGrad {
           rb[k] = Lanes::add(zero, Lanes::load(gp + d + k * L));
           mb[k] = Lanes::load(xp + d + k * L);
         }
-        auto visit = [&](int64_t q, auto first) {
+        auto visit = [&](int64_t q, auto first) TFGRADS_INLINE_LAMBDA {
           for (int k = 0; k < NV; ++k) {
             const Vec v = Lanes::load(xp + q * pixel + d + k * L);
             const auto ea = Lanes::equal(v, Lanes::load(yp + d + k * L));
@@ -233,12 +244,8 @@ struct OnePassMaxGrad {
         for (int k = 0; k < NV; ++k) {
           const Vec ma = Lanes::max_keep(mb[k], Lanes::load_acc(pa + cnd + d + k * L));
           bad = Lanes::differ(bad, ma, Lanes::load(yp + d + k * L));
-          if (ib_ends) {
-            bad = Lanes::differ(bad, mb[k], Lanes::load(yp + ab + d + k * L));
-          } else {
-            Lanes::store_acc(pb + d + k * L, rb[k]);
-            Lanes::store_acc(pb + cnd + d + k * L, mb[k]);
-          }
+          Lanes::store_acc(pb + d + k * L, rb[k]);
+          Lanes::store_acc(pb + cnd + d + k * L, mb[k]);
         }
       }
       c0 += last;
@@ -252,6 +259,15 @@ struct OnePassMaxGrad {
     };
     while (j + 1 < OW) cell(std::false_type{});
     cell(std::true_type{});
+    if (h == g.rows.end[ib]) {  // ib is one row high (the last cell row): its check is now
+      const T* yb = y + (b * g.rows.cells + ib) * OW * C + d0;
+      A* mbs = ring + (ib & 1) * 2 * cnd + cnd;
+      for (int64_t jj = 0; jj < OW; ++jj)
+        for (int64_t e = 0; e < nd; e += L)
+          bad = Lanes::differ(bad, Lanes::load_acc(mbs + jj * nd + e),
+                              Lanes::load(yb + jj * C + e));
+    }
+    return bad;
   }
 };
 

@@ -98,6 +98,7 @@ struct VecLanes {
   static C10_ALWAYS_INLINE Flags differ(const Flags& f, const Vec& m, const Vec& y) {
     return f | (m != y);
   }
+  static C10_ALWAYS_INLINE Flags merge(const Flags& f, const Flags& g) { return f | g; }
   static C10_ALWAYS_INLINE bool any(const Flags& f) { return (f == zero()).zero_mask() != 0; }
 };
 
@@ -388,8 +389,9 @@ struct MaxGradPass {
     return ok;
   }
 
-  // Overlapping cells: image b, channels [d0, d1).
-  bool overlapping_block(int64_t b, int64_t d0, int64_t d1) const {
+  // Overlapping cells: image b, channels [d0, d1) (at most 64). ring: ring_size() elements.
+  int64_t ring_size() const { return 4 * OW * std::min<int64_t>(C, 64); }
+  bool overlapping_block(int64_t b, int64_t d0, int64_t d1, A* ring) const {
     const int64_t dv = vector_end(d0, d1);
     bool ok = true;
     constexpr bool kWiden = !std::is_integral_v<A> && !std::is_same_v<A, scalar_t>;
@@ -412,10 +414,9 @@ struct MaxGradPass {
     }
     if constexpr (!std::is_integral_v<scalar_t>)  // integers: scalars only
       if (dv > d0) {
-        std::vector<A> ring(4 * OW * (dv - d0));
         const fracpool::OnePassMaxGrad<VecLanes<scalar_t>> pass{x, sN, sH, sW, y, dy, dx, g};
-        ok &= stream ? pass.template image<true>(b, d0, dv - d0, ring.data())
-                     : pass.template image<false>(b, d0, dv - d0, ring.data());
+        ok &= stream ? pass.template image<true>(b, d0, dv - d0, ring)
+                     : pass.template image<false>(b, d0, dv - d0, ring);
       }
     return ok;
   }

@@ -14,7 +14,8 @@
 //   recomputed and checked against orig_output. Disjoint cells then write their elements, dy
 //   at the argmax and 0 elsewhere (MaxGradPass); overlapping cells are walked once, dx row by
 //   dx row, each element visited for every cell covering it and written once, its terms added
-//   in TF's order (OnePassMaxGrad). Its double backward selects grad at the same argmax.
+//   in TF's order (OnePassMaxGrad; the AVX-512 kernel keeps a cell row's argmaxes and gathers
+//   each dx row from them). Its double backward selects grad at the same argmax.
 //
 // Files: this one holds the pooling, the avg gradient and its double backward, and registers
 // the family's ops; fractional_max_pool_grad.cpp (with fractional_max_pool_grad_pass.h,
