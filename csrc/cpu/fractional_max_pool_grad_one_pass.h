@@ -88,6 +88,34 @@ struct OnePassMaxGrad {
   }
 
  private:
+  // A row's walk through its cells: cell j, whose first column is c0; x and dx there, and
+  // orig_output and out_backprop of the cell (of cell rows iy and ig).
+  struct Cursor {
+    const T* xp;
+    T* op;
+    const T* yp;
+    const T* gp;
+    int64_t c0, j;
+    void next(int64_t last, int64_t pixel,
+              int64_t C) {  // the cell's last column is the next's first
+      c0 += last;
+      xp += last * pixel;
+      op += last * C;
+      yp += C;
+      gp += C;
+      ++j;
+    }
+  };
+  Cursor cursor(int64_t b, int64_t h, int64_t iy, int64_t ig, int64_t d0) const {
+    const int64_t C = g.C, OW = g.cols.cells, c0 = g.cols.start[0];
+    return {x + b * sN + h * sH + d0 + c0 * sW,
+            dx + (b * g.H + h) * g.W * C + d0 + c0 * C,
+            y + (b * g.rows.cells + iy) * OW * C + d0,
+            dy + (b * g.rows.cells + ig) * OW * C + d0,
+            c0,
+            0};
+  }
+
   // NV channel vectors per visit, in G groups (0: nd / (NV * L), at run time).
   template <bool kStream, int NV, int G>
   bool rows(int64_t b, int64_t d0, int64_t nd, A* ring) const {
@@ -111,31 +139,27 @@ struct OnePassMaxGrad {
     const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
     const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
     const int64_t* ce = g.cols.end.data();
-    const T* xp = x + b * sN + h * sH + d0 + g.cols.start[0] * pixel;
-    const T* yp = y + (b * g.rows.cells + i) * OW * C + d0;
-    const T* gp = dy + (b * g.rows.cells + i) * OW * C + d0;
-    T* op = dx + (b * g.H + h) * g.W * C + d0 + g.cols.start[0] * C;
+    Cursor at = cursor(b, h, i, i, d0);
     A* rs = ring + (i & 1) * 2 * cnd;  // r, then m
     const Vec zero = Lanes::zero();
     Vec carry[kMaxVectors];
     for (int k = 0; k < groups * NV; ++k) carry[k] = zero;
-    int64_t c0 = g.cols.start[0], j = 0;
     auto cell = [&](auto final) TFGRADS_INLINE_LAMBDA {
       constexpr bool kFinal = decltype(final)::value;
-      const int64_t last = ce[j] - c0;
+      const int64_t last = ce[at.j] - at.c0;
 #pragma GCC unroll 4
       for (int gi = 0; gi < groups; ++gi) {
         const int64_t d = gi * NV * L;
         Vec r[NV], m[NV], t[NV];
         for (int k = 0; k < NV; ++k) {
-          r[k] = starts ? Lanes::add(zero, Lanes::load(gp + d + k * L))
+          r[k] = starts ? Lanes::add(zero, Lanes::load(at.gp + d + k * L))
                         : Lanes::load_acc(rs + d + k * L);
-          m[k] = starts ? Lanes::load(xp + d + k * L) : Lanes::load_acc(rs + cnd + d + k * L);
+          m[k] = starts ? Lanes::load(at.xp + d + k * L) : Lanes::load_acc(rs + cnd + d + k * L);
         }
         auto visit = [&](int64_t q) TFGRADS_INLINE_LAMBDA {
           for (int k = 0; k < NV; ++k) {
-            const Vec v = Lanes::load(xp + q * pixel + d + k * L);
-            const auto e = Lanes::equal(v, Lanes::load(yp + d + k * L));
+            const Vec v = Lanes::load(at.xp + q * pixel + d + k * L);
+            const auto e = Lanes::equal(v, Lanes::load(at.yp + d + k * L));
             t[k] = Lanes::take(r[k], e);
             r[k] = Lanes::drop(r[k], e);
             m[k] = Lanes::max_keep(v, m[k]);
@@ -143,11 +167,12 @@ struct OnePassMaxGrad {
         };
         visit(0);
         for (int k = 0; k < NV; ++k)
-          Lanes::template put<kStream>(op + d + k * L, Lanes::add(carry[gi * NV + k], t[k]));
+          Lanes::template put<kStream>(at.op + d + k * L, Lanes::add(carry[gi * NV + k], t[k]));
         const int64_t q1 = kFinal ? last : last - 1;
         for (int64_t q = 1; q <= q1; ++q) {
           visit(q);
-          for (int k = 0; k < NV; ++k) Lanes::template put<kStream>(op + q * C + d + k * L, t[k]);
+          for (int k = 0; k < NV; ++k)
+            Lanes::template put<kStream>(at.op + q * C + d + k * L, t[k]);
         }
         if constexpr (!kFinal) {  // the last column is the next cell's first
           visit(last);
@@ -155,22 +180,17 @@ struct OnePassMaxGrad {
         }
         for (int k = 0; k < NV; ++k) {
           if (ends) {
-            bad = Lanes::differ(bad, m[k], Lanes::load(yp + d + k * L));
+            bad = Lanes::differ(bad, m[k], Lanes::load(at.yp + d + k * L));
           } else {
             Lanes::store_acc(rs + d + k * L, r[k]);
             Lanes::store_acc(rs + cnd + d + k * L, m[k]);
           }
         }
       }
-      c0 += last;
-      xp += last * pixel;
-      op += last * C;
-      yp += C;
-      gp += C;
+      at.next(last, pixel, C);
       rs += nd;
-      ++j;
     };
-    while (j + 1 < OW) cell(std::false_type{});
+    while (at.j + 1 < OW) cell(std::false_type{});
     cell(std::true_type{});
     return bad;
   }
@@ -186,36 +206,32 @@ struct OnePassMaxGrad {
     const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
     const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
     const int64_t* ce = g.cols.end.data();
-    const T* xp = x + b * sN + h * sH + d0 + g.cols.start[0] * pixel;
-    const T* yp = y + (b * g.rows.cells + ia) * OW * C + d0;
+    Cursor at = cursor(b, h, ia, ib, d0);
     const int64_t ab = OW * C;  // ib's orig_output from ia's
-    const T* gp = dy + (b * g.rows.cells + ib) * OW * C + d0;
-    T* op = dx + (b * g.H + h) * g.W * C + d0 + g.cols.start[0] * C;
     A* pa = ring + (ia & 1) * 2 * cnd;
     A* pb = ring + (ib & 1) * 2 * cnd;
     const Vec zero = Lanes::zero();
     Vec ca[kMaxVectors], cb[kMaxVectors];  // carried: ia's sum so far, ib's term
     for (int k = 0; k < groups * NV; ++k) ca[k] = cb[k] = zero;
-    int64_t c0 = g.cols.start[0], j = 0;
     auto cell = [&](auto final) TFGRADS_INLINE_LAMBDA {
       constexpr bool kFinal = decltype(final)::value;
-      const int64_t last = ce[j] - c0;
+      const int64_t last = ce[at.j] - at.c0;
 #pragma GCC unroll 4
       for (int gi = 0; gi < groups; ++gi) {
         const int64_t d = gi * NV * L;
         Vec ra[NV], rb[NV], mb[NV], ta[NV], tb[NV];
         for (int k = 0; k < NV; ++k) {
           ra[k] = Lanes::load_acc(pa + d + k * L);
-          rb[k] = Lanes::add(zero, Lanes::load(gp + d + k * L));
-          mb[k] = Lanes::load(xp + d + k * L);
+          rb[k] = Lanes::add(zero, Lanes::load(at.gp + d + k * L));
+          mb[k] = Lanes::load(at.xp + d + k * L);
         }
         auto visit = [&](int64_t q, auto first) TFGRADS_INLINE_LAMBDA {
           for (int k = 0; k < NV; ++k) {
-            const Vec v = Lanes::load(xp + q * pixel + d + k * L);
-            const auto ea = Lanes::equal(v, Lanes::load(yp + d + k * L));
+            const Vec v = Lanes::load(at.xp + q * pixel + d + k * L);
+            const auto ea = Lanes::equal(v, Lanes::load(at.yp + d + k * L));
             ta[k] = Lanes::take(ra[k], ea);
             ra[k] = Lanes::drop(ra[k], ea);
-            const auto eb = Lanes::equal(v, Lanes::load(yp + ab + d + k * L));
+            const auto eb = Lanes::equal(v, Lanes::load(at.yp + ab + d + k * L));
             tb[k] = Lanes::take(rb[k], eb);
             rb[k] = Lanes::drop(rb[k], eb);
             if constexpr (!decltype(first)::value) mb[k] = Lanes::max_keep(v, mb[k]);
@@ -226,13 +242,13 @@ struct OnePassMaxGrad {
         for (int k = 0; k < NV; ++k) {
           const int e = gi * NV + k;
           const Vec sum = Lanes::add(Lanes::add(Lanes::add(ca[e], ta[k]), cb[e]), tb[k]);
-          Lanes::template put<kStream>(op + d + k * L, sum);
+          Lanes::template put<kStream>(at.op + d + k * L, sum);
         }
         const int64_t q1 = kFinal ? last : last - 1;
         for (int64_t q = 1; q <= q1; ++q) {
           visit(q, std::false_type{});
           for (int k = 0; k < NV; ++k)
-            Lanes::template put<kStream>(op + q * C + d + k * L, Lanes::add(ta[k], tb[k]));
+            Lanes::template put<kStream>(at.op + q * C + d + k * L, Lanes::add(ta[k], tb[k]));
         }
         if constexpr (!kFinal) {  // the last column is the next cell's first
           visit(last, std::false_type{});
@@ -243,21 +259,16 @@ struct OnePassMaxGrad {
         }
         for (int k = 0; k < NV; ++k) {
           const Vec ma = Lanes::max_keep(mb[k], Lanes::load_acc(pa + cnd + d + k * L));
-          bad = Lanes::differ(bad, ma, Lanes::load(yp + d + k * L));
+          bad = Lanes::differ(bad, ma, Lanes::load(at.yp + d + k * L));
           Lanes::store_acc(pb + d + k * L, rb[k]);
           Lanes::store_acc(pb + cnd + d + k * L, mb[k]);
         }
       }
-      c0 += last;
-      xp += last * pixel;
-      op += last * C;
-      yp += C;
-      gp += C;
+      at.next(last, pixel, C);
       pa += nd;
       pb += nd;
-      ++j;
     };
-    while (j + 1 < OW) cell(std::false_type{});
+    while (at.j + 1 < OW) cell(std::false_type{});
     cell(std::true_type{});
     if (h == g.rows.end[ib]) {  // ib is one row high (the last cell row): its check is now
       const T* yb = y + (b * g.rows.cells + ib) * OW * C + d0;

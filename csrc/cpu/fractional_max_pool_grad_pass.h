@@ -198,10 +198,7 @@ struct MaxGradPass {
 
   template <bool kStream>
   static C10_ALWAYS_INLINE void put(scalar_t* o, const Vec& v) {
-    if constexpr (kStream && std::is_same_v<scalar_t, float>)
-      stream_store(o, v);
-    else
-      Wd::store(o, v);
+    VecLanes<scalar_t>::template put<kStream>(o, v);
   }
 
   // Calls f(d, nv) for the channel vectors [0, dv) in groups of nv vectors
