@@ -52,7 +52,8 @@ namespace fracpool {
 // variants), and static load(const scalar_t*) (widened), load_acc / store_acc (the ring),
 // put<kStream>(scalar_t*, Vec), zero(), add, equal (-> Mask), take(r, e) (r where e, else +0),
 // drop(r, e) (+0 where e, else r), max_keep(v, acc) (VMAXPS: v where v > acc, else acc),
-// no_flags(), differ(Flags, m, y) (adds the lanes where m != y), any(Flags).
+// no_flags(), differ(Flags, m, y) (adds the lanes where m != y), merge(Flags, Flags),
+// any(Flags).
 template <typename Lanes>
 struct OnePassMaxGrad {
   using T = typename Lanes::scalar_t;
@@ -96,8 +97,8 @@ struct OnePassMaxGrad {
     const T* yp;
     const T* gp;
     int64_t c0, j;
-    void next(int64_t last, int64_t pixel,
-              int64_t C) {  // the cell's last column is the next's first
+    // To cell j + 1: the cell's last column is the next one's first.
+    void next(int64_t last, int64_t pixel, int64_t C) {
       c0 += last;
       xp += last * pixel;
       op += last * C;
@@ -134,7 +135,7 @@ struct OnePassMaxGrad {
   // Row h, covered by cell row i alone.
   template <bool kStream, int NV, int G>
   Flags one_row(int64_t b, int64_t h, int64_t i, int64_t d0, int64_t nd, A* ring) const {
-    Flags bad = Lanes::no_flags();  // a local: through a reference, every cell waited on it
+    Flags bad = Lanes::no_flags();
     const bool starts = h == g.rows.start[i], ends = h == g.rows.end[i];
     const int groups = G > 0 ? G : static_cast<int>(nd / (NV * L));
     const int64_t C = g.C, OW = g.cols.cells, pixel = sW, cnd = OW * nd;
