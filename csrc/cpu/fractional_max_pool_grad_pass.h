@@ -204,11 +204,11 @@ struct MaxGradPass {
   // Calls f(d, nv) for the channel vectors [0, dv) in groups of nv vectors
   // (std::integral_constant): 4, 2 or 1 for float, the tuned type; 1 for the others, since every
   // group size multiplies the sweeps' instantiations (and the sanitizer build's compile time).
-  template <int kMax = 4, typename F>
+  template <typename F>
   static C10_ALWAYS_INLINE void for_vector_groups(int64_t dv, const F& f) {
     int64_t d = 0;
     if constexpr (std::is_same_v<scalar_t, float>) {
-      for (; kMax >= 4 && d + 4 * L <= dv; d += 4 * L) f(d, std::integral_constant<int, 4>{});
+      for (; d + 4 * L <= dv; d += 4 * L) f(d, std::integral_constant<int, 4>{});
       if (d + 2 * L <= dv) {
         f(d, std::integral_constant<int, 2>{});
         d += 2 * L;
