@@ -275,6 +275,50 @@ def test_max_grad_checks_every_cell_including_one_wide_last_ones(overlapping, C)
                     T.fractional_max_pool_grad(x, bad, dy, rows, cols, overlapping)
 
 
+@pytest.mark.parametrize("C", [8, 16, 24, 40, 64])  # AVX-512 kernel where C % 16 == 0 and
+@pytest.mark.parametrize("N,threads", [(1, 2), (1, 3), (2, 3), (1, 8)])  # the CPU has it, else
+def test_max_grad_bands_of_few_images_equal_whole_images(C, N, threads):  # the one pass
+    """Overlapping cells: where the images cannot give the threads equal shares, each is split
+    into bands of cell rows, and a band below another recomputes the state (one pass) or the
+    argmaxes (AVX-512) of the cell row it starts inside. dx must be bit-identical to the same
+    images' dx in a batch that gives every thread one whole image, and a wrong orig_output
+    must be caught in every band. (The sanitizer build poisons the kernel's scratch between
+    tasks, so a band that read the one before it fails there.)"""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            x = torch.randn(N, 29 + seed, 27, C, generator=g)
+            x[:, ::3, ::4] = x[:, 1::3, ::4].max()  # ties: the first maximum in scan order
+            y, rows, cols = T.fractional_max_pool(
+                x, [1, 1.44 + 0.1 * seed, 1.5, 1], True, True, True, seed + 1, 7
+            )
+            dy = torch.randn(y.shape, generator=g)
+            dx = T.fractional_max_pool_grad(x, y, dy, rows, cols, True)
+            many = threads  # one image per thread: no bands
+            whole = T.fractional_max_pool_grad(
+                x.repeat(many, 1, 1, 1),
+                y.repeat(many, 1, 1, 1),
+                dy.repeat(many, 1, 1, 1),
+                rows,
+                cols,
+                True,
+            )
+            assert torch.equal(dx, whole[:N])
+            ref = R.fractional_max_pool_grad_ref(
+                x.numpy(), y.numpy(), dy.numpy(), rows.tolist(), cols.tolist(), True
+            )
+            assert np.array_equal(dx.numpy(), ref)
+            for i in range(y.shape[1]):  # every cell row, so every band
+                bad = y.clone()
+                bad[i % N, i, (5 * i) % y.shape[2], (3 * i) % C] += 0.5 if i % 2 else -0.5
+                with pytest.raises(RuntimeError, match="tensor_out_dup is not the same"):
+                    T.fractional_max_pool_grad(x, bad, dy, rows, cols, True)
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_zero_seeds_follow_torch_generator():
     x = torch.randn(1, 40, 40, 1)
     torch.manual_seed(3)

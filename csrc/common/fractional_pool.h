@@ -39,6 +39,11 @@ struct AxisPlan {
       if (first[i] < last[i]) return true;
     return false;
   }
+  // Overlapping cells in bands of consecutive cells [i0, i1), a parallel task each: a band owns
+  // the input indices whose first covering cell is in it, [band_start(i0), band_start(i1)).
+  // It ends with the boundary it shares with cell i1 and starts after the one it shares with
+  // cell i0 - 1 (at the axis' start and end for the first and last bands).
+  int64_t band_start(int64_t i) const { return i == 0 ? 0 : i >= cells ? size : start[i] + 1; }
 };
 
 // Cells of a sequence that is already known to be valid (strictly increasing, in [0, size]).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -18,11 +19,24 @@
 #include "cpu/fractional_max_pool_grad_pass.h"
 #include "cpu/fractional_pool_cpu.h"
 #include "cpu/isa.h"
+#include "cpu/parallel.h"
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {
 namespace fracpool_cpu {
 namespace {
+
+// Bands per image of overlapping cells: the fewest that give the threads equal shares of the
+// tasks to within 10% (whole images left a batch of one on one core, and three images on two
+// threads took 1.3x the time of two bands each; docs/perf-notes/fractional_pool.md).
+int64_t bands_per_image(int64_t images, int64_t threads, int64_t max_bands) {
+  int64_t b = 1;
+  for (; b < max_bands; ++b) {
+    const int64_t tasks = images * b, share = (tasks + threads - 1) / threads;
+    if (share * threads * 10 <= tasks * 11) break;
+  }
+  return b;
+}
 
 template <typename scalar_t>
 void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy, at::Tensor& dx,
@@ -51,24 +65,45 @@ void max_grad_kernel(const at::Tensor& x, const at::Tensor& y, const at::Tensor&
   }
   std::atomic<bool> same{true};
   const int64_t cell_row = (g.H / OH + 1) * g.W * C;
+  // Tasks are claimed a few at a time from a shared counter (parallel_claim), not split in
+  // fixed slices: a core slowed by a neighbour no longer holds the others up at the end.
   if (!overlapping) {  // cells are disjoint: any cell row is its own task
-    at::parallel_for(0, g.N * OH, grain_for(cell_row), [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t)
-        if (!(wide ? wide->disjoint_row(t / OH, t % OH) : pass.disjoint_row(t / OH, t % OH)))
-          same = false;
+    const int64_t tasks = g.N * OH;
+    const int64_t chunk = std::max(grain_for(cell_row), tasks / (8 * at::get_num_threads()));
+    parallel_claim(tasks, chunk, [&](auto&& claim) {
+      for (int64_t begin, end; claim(begin, end);)
+        for (int64_t t = begin; t < end; ++t)
+          if (!(wide ? wide->disjoint_row(t / OH, t % OH) : pass.disjoint_row(t / OH, t % OH)))
+            same = false;
       if (stream) stream_fence();
     });
-  } else {  // boundaries are shared between cell rows: one task per image and channel block
+  } else {
+    // Boundaries are shared between cell rows: a task is an image, a block of channels and a
+    // band of cell rows (AxisPlan::band_start). A band other than the first recomputes one cell
+    // row's state or argmaxes, so images are split only as far as the threads' shares need.
     constexpr int64_t kBlock = 64;
-    const int64_t blocks = (C + kBlock - 1) / kBlock;
-    at::parallel_for(0, g.N * blocks, 1, [&](int64_t begin, int64_t end) {
-      // OnePassMaxGrad's ring, once per thread (not per image: fewer page faults)
-      std::vector<acc_t<scalar_t>> ring(wide ? 0 : pass.ring_size());
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t d0 = (t % blocks) * kBlock, d1 = std::min(C, d0 + kBlock);
-        if (!(wide ? wide->overlapping_block(t / blocks, d0, d1)
-                   : pass.overlapping_block(t / blocks, d0, d1, ring.data())))
-          same = false;
+    const int64_t blocks = (C + kBlock - 1) / kBlock, images = g.N * blocks;
+    const int64_t bands = bands_per_image(images, at::get_num_threads(),
+                                          wide || pass.banded() ? OH / 2 : 1);
+    parallel_claim(images * bands, 1, [&](auto&& claim) {
+      // the ring of the one pass or of the AVX-512 argmaxes, once per thread
+      std::vector<acc_t<scalar_t>> ring(wide ? wide->ring_size() : pass.ring_size());
+      for (int64_t t, end; claim(t, end);) {
+#if defined(__SANITIZE_ADDRESS__)
+        // Sanitizer builds (CI's second run of the suite): no task may read what another left
+        // in the ring (a band starts from its own recomputed state).
+        std::fill(ring.begin(), ring.end(), std::numeric_limits<acc_t<scalar_t>>::quiet_NaN());
+#endif
+        const int64_t band = t % bands, b = t / bands / blocks, d0 = t / bands % blocks * kBlock;
+        const int64_t d1 = std::min(C, d0 + kBlock);
+        const int64_t i0 = band * OH / bands, i1 = (band + 1) * OH / bands;
+        bool ok;
+        if constexpr (std::is_same_v<scalar_t, float>)
+          ok = wide ? wide->overlapping_block(b, d0, d1, i0, i1, ring.data())
+                    : pass.overlapping_block(b, d0, d1, i0, i1, ring.data());
+        else
+          ok = pass.overlapping_block(b, d0, d1, i0, i1, ring.data());
+        if (!ok) same = false;
       }
       if (stream) stream_fence();
     });

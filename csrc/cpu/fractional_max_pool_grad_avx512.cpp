@@ -7,7 +7,6 @@
 #include "cpu/fractional_max_pool_grad_avx512.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "cpu/isa.h"
 
@@ -357,24 +356,26 @@ void gather_rows(const MaxGradAvx512& p, int64_t b, int64_t h, int64_t d0, int64
   if (p.g.rows.first[h] < p.g.rows.last[h]) gather_row<true, G, kStream>(p, b, h, d0, nd, ring);
 }
 
+// A band's rows need the argmaxes of its cell rows and of the next one (the shared boundary).
 template <bool kStream>
-bool overlapping_block(const MaxGradAvx512& p, int64_t b, int64_t d0, int64_t d1) {
+bool overlapping_block(const MaxGradAvx512& p, int64_t b, int64_t d0, int64_t d1, int64_t i0,
+                       int64_t i1, float* buffer) {
   const GradPlan& g = p.g;
   const int64_t nd = d1 - d0;
   // 64-byte aligned (malloc aligns to 16 bytes): a vector that straddles two cache lines
   // costs two accesses.
-  std::vector<float> buffer(2 * p.OW * nd + L);
-  float* ring = buffer.data() + (L - reinterpret_cast<uintptr_t>(buffer.data()) / 4 % L) % L;
+  float* ring = buffer + (L - reinterpret_cast<uintptr_t>(buffer) / 4 % L) % L;
   bool ok = true;
-  int64_t h = 0;
-  for (int64_t i = 0; i < p.OH; ++i) {
+  int64_t h = g.rows.band_start(i0);
+  const int64_t h1 = g.rows.band_start(i1);
+  for (int64_t i = i0; i < p.OH && h < h1; ++i) {
     float* pos = ring + (i & 1) * p.OW * nd;
     switch (g.rows.count(i)) {
       case 2: ok &= argmax_row<2>(p, b, i, d0, d1, pos); break;
       case 3: ok &= argmax_row<3>(p, b, i, d0, d1, pos); break;
       default: ok &= argmax_cells_any(p, b, i, d0, d1, pos);
     }
-    for (; h < p.H && g.rows.last[h] <= i; ++h) {  // rows no later cell row covers
+    for (; h < h1 && g.rows.last[h] <= i; ++h) {  // rows no later cell row covers
       if (nd % (2 * L) == 0) {
         gather_rows<kStream, 2>(p, b, h, d0, nd, ring);
       } else {
@@ -393,13 +394,16 @@ bool MaxGradAvx512::disjoint_row(int64_t b, int64_t i) const {
   return stream ? fracpool::disjoint_row<true>(*this, b, i)
                 : fracpool::disjoint_row<false>(*this, b, i);
 }
-bool MaxGradAvx512::overlapping_block(int64_t b, int64_t d0, int64_t d1) const {
-  return stream ? fracpool::overlapping_block<true>(*this, b, d0, d1)
-                : fracpool::overlapping_block<false>(*this, b, d0, d1);
+bool MaxGradAvx512::overlapping_block(int64_t b, int64_t d0, int64_t d1, int64_t i0, int64_t i1,
+                                      float* ring) const {
+  return stream ? fracpool::overlapping_block<true>(*this, b, d0, d1, i0, i1, ring)
+                : fracpool::overlapping_block<false>(*this, b, d0, d1, i0, i1, ring);
 }
 #else
 bool MaxGradAvx512::disjoint_row(int64_t, int64_t) const { return false; }
-bool MaxGradAvx512::overlapping_block(int64_t, int64_t, int64_t) const { return false; }
+bool MaxGradAvx512::overlapping_block(int64_t, int64_t, int64_t, int64_t, int64_t, float*) const {
+  return false;
+}
 #endif
 
 }  // namespace fracpool

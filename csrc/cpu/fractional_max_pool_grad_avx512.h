@@ -32,8 +32,11 @@ struct MaxGradAvx512 {
 
   // Disjoint cells: cell row i of image b, all channels. False: an orig_output mismatch.
   bool disjoint_row(int64_t b, int64_t i) const;
-  // Overlapping cells: image b, channels [d0, d1) (multiples of 16).
-  bool overlapping_block(int64_t b, int64_t d0, int64_t d1) const;
+  // Overlapping cells: image b, channels [d0, d1) (multiples of 16), the band of cell rows
+  // [i0, i1) (AxisPlan::band_start). ring: ring_size() floats.
+  int64_t ring_size() const { return 2 * OW * 64 + 16; }
+  bool overlapping_block(int64_t b, int64_t d0, int64_t d1, int64_t i0, int64_t i1,
+                         float* ring) const;
 
   const float* x;
   int64_t sN, sH, sW;

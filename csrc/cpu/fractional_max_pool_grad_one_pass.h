@@ -69,23 +69,24 @@ struct OnePassMaxGrad {
   T* dx;            // the result, contiguous NHWC
   const GradPlan& g;
 
-  // Image b, channels [d0, d0 + nd) (whole vectors, nd <= 64); ring: 4 * OW * nd elements.
-  // False: a cell's maximum differs from orig_output.
+  // Image b, channels [d0, d0 + nd) (whole vectors, nd <= 64), the band of cell rows [i0, i1)
+  // (AxisPlan::band_start: the rows it owns); ring: 4 * OW * nd elements. False: a cell's
+  // maximum differs from orig_output.
   template <bool kStream>
-  bool image(int64_t b, int64_t d0, int64_t nd, A* ring) const {
+  bool band(int64_t b, int64_t d0, int64_t nd, int64_t i0, int64_t i1, A* ring) const {
     const int64_t n = nd / L;
     if constexpr (Lanes::kTuned) {
       // Two channel vectors per visit share the pointer work; four spill past AVX2's 16
       // registers (1.09-1.35x the time at 32 channels).
       switch (n) {
-        case 1: return rows<kStream, 1, 1>(b, d0, nd, ring);
-        case 2: return rows<kStream, 2, 1>(b, d0, nd, ring);
-        case 4: return rows<kStream, 2, 2>(b, d0, nd, ring);
-        case 8: return rows<kStream, 2, 4>(b, d0, nd, ring);
+        case 1: return rows<kStream, 1, 1>(b, d0, nd, i0, i1, ring);
+        case 2: return rows<kStream, 2, 1>(b, d0, nd, i0, i1, ring);
+        case 4: return rows<kStream, 2, 2>(b, d0, nd, i0, i1, ring);
+        case 8: return rows<kStream, 2, 4>(b, d0, nd, i0, i1, ring);
         default: break;
       }
     }
-    return rows<kStream, 1, 0>(b, d0, nd, ring);
+    return rows<kStream, 1, 0>(b, d0, nd, i0, i1, ring);
   }
 
  private:
@@ -119,9 +120,14 @@ struct OnePassMaxGrad {
 
   // NV channel vectors per visit, in G groups (0: nd / (NV * L), at run time).
   template <bool kStream, int NV, int G>
-  bool rows(int64_t b, int64_t d0, int64_t nd, A* ring) const {
+  bool rows(int64_t b, int64_t d0, int64_t nd, int64_t i0, int64_t i1, A* ring) const {
     Flags bad = Lanes::no_flags();
-    for (int64_t h = 0; h < g.H; ++h) {
+    const int64_t h0 = g.rows.band_start(i0), h1 = g.rows.band_start(i1);
+    // A band below the first starts inside cell row i0: its state after the boundary row
+    // (which the band above owns and writes) is recomputed into the ring first.
+    if (i0 > 0 && h0 < h1)
+      bad = Lanes::merge(bad, one_row<kStream, NV, G, true>(b, h0 - 1, i0, d0, nd, ring));
+    for (int64_t h = h0; h < h1; ++h) {
       const int64_t ia = g.rows.first[h], ib = g.rows.last[h];
       if (ia > ib) continue;  // no cell covers the row (its dx was zeroed)
       if (ia < ib)
@@ -132,8 +138,9 @@ struct OnePassMaxGrad {
     return !Lanes::any(bad);
   }
 
-  // Row h, covered by cell row i alone.
-  template <bool kStream, int NV, int G>
+  // Row h, covered by cell row i alone. kPrime: the first row of cell row i, for its state
+  // alone (no dx; the row's other cell row writes it).
+  template <bool kStream, int NV, int G, bool kPrime = false>
   Flags one_row(int64_t b, int64_t h, int64_t i, int64_t d0, int64_t nd, A* ring) const {
     Flags bad = Lanes::no_flags();
     const bool starts = h == g.rows.start[i], ends = h == g.rows.end[i];
@@ -167,15 +174,17 @@ struct OnePassMaxGrad {
           }
         };
         visit(0);
-        for (int k = 0; k < NV; ++k)
-          Lanes::template put<kStream>(at.op + d + k * L, Lanes::add(carry[gi * NV + k], t[k]));
-        const int64_t q1 = kFinal ? last : last - 1;
+        if constexpr (!kPrime)
+          for (int k = 0; k < NV; ++k)
+            Lanes::template put<kStream>(at.op + d + k * L, Lanes::add(carry[gi * NV + k], t[k]));
+        const int64_t q1 = kFinal || kPrime ? last : last - 1;
         for (int64_t q = 1; q <= q1; ++q) {
           visit(q);
-          for (int k = 0; k < NV; ++k)
-            Lanes::template put<kStream>(at.op + q * C + d + k * L, t[k]);
+          if constexpr (!kPrime)
+            for (int k = 0; k < NV; ++k)
+              Lanes::template put<kStream>(at.op + q * C + d + k * L, t[k]);
         }
-        if constexpr (!kFinal) {  // the last column is the next cell's first
+        if constexpr (!kFinal && !kPrime) {  // the last column is the next cell's first
           visit(last);
           for (int k = 0; k < NV; ++k) carry[gi * NV + k] = t[k];
         }

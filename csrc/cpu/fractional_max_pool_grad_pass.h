@@ -386,13 +386,18 @@ struct MaxGradPass {
     return ok;
   }
 
-  // Overlapping cells: image b, channels [d0, d1) (at most 64). ring: ring_size() elements.
+  // Overlapping cells: image b, channels [d0, d1) (at most 64), the band of cell rows [i0, i1)
+  // (AxisPlan::band_start); bands other than [0, OH) need whole vectors (banded()). ring:
+  // ring_size() elements.
   int64_t ring_size() const { return 4 * OW * std::min<int64_t>(C, 64); }
-  bool overlapping_block(int64_t b, int64_t d0, int64_t d1, A* ring) const {
+  bool banded() const {
+    return !std::is_integral_v<scalar_t> && !scalar_only && vector_end(0, C) == C;
+  }
+  bool overlapping_block(int64_t b, int64_t d0, int64_t d1, int64_t i0, int64_t i1, A* ring) const {
     const int64_t dv = vector_end(d0, d1);
     bool ok = true;
     constexpr bool kWiden = !std::is_integral_v<A> && !std::is_same_v<A, scalar_t>;
-    if (dv < d1) {
+    if (dv < d1) {  // whole images only: i0 = 0, i1 = OH
       std::vector<A> buf(kWiden ? H * W * (d1 - dv) : 0);
       for (int64_t i = 0; i < OH; ++i)
         for (int64_t j = 0; j < OW; ++j)
@@ -412,8 +417,8 @@ struct MaxGradPass {
     if constexpr (!std::is_integral_v<scalar_t>)  // integers: scalars only
       if (dv > d0) {
         const fracpool::OnePassMaxGrad<VecLanes<scalar_t>> pass{x, sN, sH, sW, y, dy, dx, g};
-        ok &= stream ? pass.template image<true>(b, d0, dv - d0, ring)
-                     : pass.template image<false>(b, d0, dv - d0, ring);
+        ok &= stream ? pass.template band<true>(b, d0, dv - d0, i0, i1, ring)
+                     : pass.template band<false>(b, d0, dv - d0, i0, i1, ring);
       }
     return ok;
   }
