@@ -234,6 +234,34 @@ def test_max_grad_ties_like_tensorflow(overlapping, expected):
     assert dx.reshape(4, 4).tolist() == expected
 
 
+@pytest.mark.parametrize("overlapping", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("C", [3, 8, 24])  # scalars; whole vectors (+ a scalar tail at 24 f64)
+def test_avg_pool_special_values_and_narrow_cells(overlapping, dtype, C):
+    """The vector rows run straight-line code for the widest cell and add a narrower cell's
+    repeated last column masked to +0: NaN, infinities of both signs and -0 anywhere, in cells
+    1 to 3 wide and high, must give the reference's row-major sums bit for bit (a -0 sum of
+    -0 elements, an inf - inf NaN, an inf in a masked column counted once)."""
+    g = torch.Generator().manual_seed(C)
+    x = torch.randn(2, 17, 19, C, generator=g, dtype=dtype)
+    special = torch.rand(x.shape, generator=g, dtype=dtype)
+    x[special < 0.03] = float("nan")
+    x[(special >= 0.03) & (special < 0.06)] = float("inf")
+    x[(special >= 0.06) & (special < 0.09)] = float("-inf")
+    x[(special >= 0.09) & (special < 0.2)] = -0.0
+    x[1, :4, :5] = -0.0  # whole cells of -0
+    for ratio in (1.3, 1.44, 1.73, 2.2):
+        y, rows, cols = T.fractional_avg_pool(
+            x, [1, ratio, ratio + 0.2, 1], True, overlapping, True, 5, 9
+        )
+        with np.errstate(invalid="ignore"):  # inf - inf
+            ref = R.fractional_pool_ref(x.numpy(), rows.tolist(), cols.tolist(), overlapping, "avg")
+        got = y.numpy()
+        assert np.array_equal(got, ref, equal_nan=True)  # (a NaN's sign is the CPU's)
+        number = ~np.isnan(ref)
+        assert np.array_equal(np.signbit(got[number]), np.signbit(ref[number]))  # -0 sums
+
+
 def test_max_nan_and_integer_semantics():
     nan = float("nan")
     for cell in ([nan, 1, 2, 3], [1, nan, 2, 3], [1, 2, 3, nan]):

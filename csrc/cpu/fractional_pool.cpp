@@ -99,22 +99,25 @@ void reduce_scalars(const Cell& cell, int64_t d0, int64_t C, scalar_t* out) {
   }
 }
 
-// Max over the cells of one output row, channels [0, dv) in whole vectors, as straight-line
-// code for cells of RH rows and at most CW columns: narrower cells repeat their last column,
-// which never changes a maximum (TF's `out < v` keeps the first of equal values). Loops over
-// the irregular 1-2-1-2 cell sizes mispredict at almost every cell.
-template <typename scalar_t, int RH, int CW>
-void max_row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols, int64_t C,
-                     int64_t dv, scalar_t* out) {
+// The cells of one output row, channels [0, dv) in whole vectors, as straight-line code for
+// cells of RH rows and at most CW columns: loops over the irregular 1-2-1-2 cell sizes
+// mispredict at almost every cell. A narrower cell repeats its last column: for the max that
+// never changes the result (TF's `out < v` keeps the first of equal values); the average adds
+// it masked to +0, which leaves TF's row-major sum unchanged (a sum from +0 is never -0).
+template <typename scalar_t, bool kMax, int RH, int CW>
+void row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols, int64_t C,
+                 int64_t dv, scalar_t* out) {
   using A = acc_t<scalar_t>;
   using Wd = Widen<scalar_t, A>;
   using Vec = Vectorized<A>;
   constexpr int64_t L = Vec::size();
-  const Vec init(static_cast<A>(std::numeric_limits<scalar_t>::lowest()));
+  const Vec init(kMax ? static_cast<A>(std::numeric_limits<scalar_t>::lowest()) : A(0));
+  const Vec keep[2] = {Vec(A(0)), Vec(A(0)) == Vec(A(0))};  // all bits clear, all set
   for (int64_t j = 0; j < cols.cells; ++j) {
     const int64_t c0 = cols.start[j], last = cols.end[j] - c0;
     const scalar_t* xc = xr + c0 * sW;
     scalar_t* o = out + j * C;
+    const Vec count(static_cast<A>(RH * (last + 1)));
     for (int64_t d = 0; d < dv; d += L) {
       Vec acc = init;
 #pragma GCC unroll 4
@@ -122,22 +125,26 @@ void max_row_vectors(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan&
 #pragma GCC unroll 4
         for (int64_t w = 0; w < CW; ++w) {
           const Vec v = Wd::load(xc + h * sH + std::min(w, last) * sW + d);
-          acc = Vec::blendv(acc, v, acc < v);
+          if constexpr (kMax)
+            acc = Vec::blendv(acc, v, acc < v);
+          else
+            acc = acc + (v & keep[w <= last]);
         }
       }
+      if constexpr (!kMax) acc = acc / count;
       Wd::store(o + d, acc);
     }
   }
 }
 
-// The straight-line max row for this cell-row height and widest cell; false if none applies.
-template <typename scalar_t, int RH>
-bool max_row_fixed(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols, int64_t cw_max,
-                   int64_t C, int64_t dv, scalar_t* out) {
+// The straight-line row for this cell-row height and widest cell; false if none applies.
+template <typename scalar_t, bool kMax, int RH>
+bool row_fixed(const scalar_t* xr, int64_t sH, int64_t sW, const AxisPlan& cols, int64_t cw_max,
+               int64_t C, int64_t dv, scalar_t* out) {
   switch (cw_max) {
-    case 1: max_row_vectors<scalar_t, RH, 1>(xr, sH, sW, cols, C, dv, out); return true;
-    case 2: max_row_vectors<scalar_t, RH, 2>(xr, sH, sW, cols, C, dv, out); return true;
-    case 3: max_row_vectors<scalar_t, RH, 3>(xr, sH, sW, cols, C, dv, out); return true;
+    case 1: row_vectors<scalar_t, kMax, RH, 1>(xr, sH, sW, cols, C, dv, out); return true;
+    case 2: row_vectors<scalar_t, kMax, RH, 2>(xr, sH, sW, cols, C, dv, out); return true;
+    case 3: row_vectors<scalar_t, kMax, RH, 3>(xr, sH, sW, cols, C, dv, out); return true;
     default: return false;
   }
 }
@@ -155,15 +162,15 @@ void pool_kernel(const at::Tensor& x, at::Tensor& out, const AxisPlan& rows, con
   at::parallel_for(0, N * OH, grain_for(per_row), [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / OH, i = item % OH;
-      if constexpr (kMax && kVector) {
+      if constexpr (kVector) {
         const int64_t dv = C / L * L;
         const scalar_t* xr = xp + b * sN + rows.start[i] * sH;
         scalar_t* o = op + item * OW * C;
         bool done = false;
         switch (rows.count(i)) {
-          case 1: done = max_row_fixed<scalar_t, 1>(xr, sH, sW, cols, cw_max, C, dv, o); break;
-          case 2: done = max_row_fixed<scalar_t, 2>(xr, sH, sW, cols, cw_max, C, dv, o); break;
-          case 3: done = max_row_fixed<scalar_t, 3>(xr, sH, sW, cols, cw_max, C, dv, o); break;
+          case 1: done = row_fixed<scalar_t, kMax, 1>(xr, sH, sW, cols, cw_max, C, dv, o); break;
+          case 2: done = row_fixed<scalar_t, kMax, 2>(xr, sH, sW, cols, cw_max, C, dv, o); break;
+          case 3: done = row_fixed<scalar_t, kMax, 3>(xr, sH, sW, cols, cw_max, C, dv, o); break;
         }
         if (done) {
           if (dv < C)
