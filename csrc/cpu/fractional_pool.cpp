@@ -6,7 +6,8 @@
 //   are not contiguous); the output is contiguous NHWC.
 // * Forward: parallel over (batch, output row); each cell is reduced over channel blocks held
 //   in Vectorized registers, in TF's scan order (rows outer, columns inner), so every lane
-//   performs exactly TF's sequence of float operations. Half types accumulate in float.
+//   performs exactly TF's sequence of float operations, as straight-line code per cell-row
+//   height and widest cell (row_vectors). Half types accumulate in float.
 // * Avg gradient: gathers instead of scattering: each input element sums the contributions of
 //   the (at most 2x2) cells covering it, in TF's cell order. No atomics, no races,
 //   deterministic, and the same rounding as TF's scatter (double accumulator, then one cast).
