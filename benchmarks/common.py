@@ -157,7 +157,9 @@ def interleaved_ms(fns, rounds=7, per_round=0.08, pause=None, device="cpu"):
     """{name: ms} for several callables timed in alternating rounds (each round: a short idle
     pause, one warm-up call, then calls for `per_round` seconds; its median), reported as the
     median over rounds. Interleaving spreads the machine's slow phases over every peer, so the
-    ratios taken in one run are comparable on a noisy machine.
+    ratios taken in one run are comparable on a noisy machine; the order rotates from round to
+    round, so no peer always runs first or right after the same other one (on a shared host the
+    position alone moved a kernel's time by up to 40%: docs/perf-notes/fractional_pool.md).
 
     On cuda each timed call runs alone on the device: the warm-up is synchronized outside the
     timed region, and each call is timed with CUDA events recorded around it, after a
@@ -170,8 +172,10 @@ def interleaved_ms(fns, rounds=7, per_round=0.08, pause=None, device="cpu"):
         pause = 0.0 if cuda else 0.2
     timed = _cuda_timer() if cuda else _cpu_call_s
     per = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = fns[name]
             time.sleep(pause)
             fn()
             if cuda:

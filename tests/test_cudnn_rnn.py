@@ -181,8 +181,9 @@ def _float32_on_cpu_matches_oracle(case, threads, tol=1e-5):
         # wide layers: on AVX2 the backward's blocks narrow to 32 and 16 units (R's panel)
         Case("lstm", 1, 1, T_=3, B=5, I=8, U=320, lengths=[3, 1, 2, 3, 2]),
         Case("lstm", 1, 1, T_=3, B=4, I=8, U=528),
-        # bidirectional, a direction's W and R above rnn_directions_in_turn_above_bytes (on
-        # AVX2): on two threads the directions run one after the other, both threads on each
+        # bidirectional, a direction's W and R above rnn_directions_in_turn_above_bytes (the
+        # fused steps): on two threads the directions run one after the other, both threads on
+        # each
         Case("lstm", 1, 2, T_=3, B=4, I=8, U=448, lengths=[3, 1, 2, 3]),
         Case("gru", 1, 2, T_=3, B=3, I=200, U=448, lengths=[2, 3, 1]),
     ],

@@ -104,8 +104,8 @@ def test_cpu_paths_report_the_host():
     # the RNN's batched GEMMs are on BRGEMM exactly where BRGEMM runs with our AVX-512 kernels
     on_brgemm = p["rnn_brgemm"] and p["avx512_kernels"]
     assert p["rnn_batched_gemms"] == ("brgemm" if on_brgemm else "aten"), p
-    # a bidirectional layer's directions take turns (when wide) only on the AVX2 fused steps
-    in_turn = p["rnn_brgemm"] and not p["avx512_kernels"]
+    # a bidirectional layer's directions take turns (when wide) on the fused steps
+    in_turn = p["rnn_brgemm"]
     assert p["rnn_directions_in_turn_above_bytes"] == ((3 << 20) if in_turn else None), p
     assert p["depthwise_aliasing"] in ("by_pixel", "tiles"), p
     assert T.cpu.describe().startswith(p["cpu"])
