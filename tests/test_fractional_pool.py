@@ -303,9 +303,10 @@ def test_max_grad_checks_every_cell_including_one_wide_last_ones(overlapping, C)
                     T.fractional_max_pool_grad(x, bad, dy, rows, cols, overlapping)
 
 
-@pytest.mark.parametrize("C", [8, 16, 24, 40, 64])  # AVX-512 kernel where C % 16 == 0 and
-@pytest.mark.parametrize("N,threads", [(1, 2), (1, 3), (2, 3), (1, 8)])  # the CPU has it, else
-def test_max_grad_bands_of_few_images_equal_whole_images(C, N, threads):  # the one pass
+# C: the AVX-512 kernel where C % 16 == 0 and the CPU has it, else the one pass.
+@pytest.mark.parametrize("C", [8, 16, 24, 40, 64])
+@pytest.mark.parametrize("N,threads", [(1, 2), (1, 3), (2, 3), (1, 8)])
+def test_max_grad_bands_of_few_images_equal_whole_images(C, N, threads):
     """Overlapping cells: where the images cannot give the threads equal shares, each is split
     into bands of cell rows, and a band below another recomputes the state (one pass) or the
     argmaxes (AVX-512) of the cell row it starts inside. dx must be bit-identical to the same
@@ -324,7 +325,7 @@ def test_max_grad_bands_of_few_images_equal_whole_images(C, N, threads):  # the 
             )
             dy = torch.randn(y.shape, generator=g)
             dx = T.fractional_max_pool_grad(x, y, dy, rows, cols, True)
-            many = threads  # one image per thread: no bands
+            many = threads  # N images per thread: equal shares, no bands
             whole = T.fractional_max_pool_grad(
                 x.repeat(many, 1, 1, 1),
                 y.repeat(many, 1, 1, 1),

@@ -397,7 +397,8 @@ struct MaxGradPass {
     const int64_t dv = vector_end(d0, d1);
     bool ok = true;
     constexpr bool kWiden = !std::is_integral_v<A> && !std::is_same_v<A, scalar_t>;
-    if (dv < d1) {  // whole images only: i0 = 0, i1 = OH
+    if (dv < d1) {  // the cells' sweeps cover whole images (banded() is false here)
+      TORCH_INTERNAL_ASSERT(i0 == 0 && i1 == OH, "fractional_max_pool_grad: a band of scalars");
       std::vector<A> buf(kWiden ? H * W * (d1 - dv) : 0);
       for (int64_t i = 0; i < OH; ++i)
         for (int64_t j = 0; j < OW; ++j)
