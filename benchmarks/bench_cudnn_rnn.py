@@ -7,9 +7,8 @@ bidirectional, the issue's shapes (T, B, I, U). Prints medians of interleaved ro
 ours against the faster peer (target <= 1.00), plus our GEMM throughput against a same-run
 yardstick: torch.mm on one step's GEMM shape ([B, I + U] x [I + U, G * U]), timed in the same
 interleaved rounds, so the recurrent path's efficiency compares across hosts. The header names
-the host and the ISA paths; the "path" column says whether the row ran on oneDNN's BRGEMM
-micro-kernels or on the per-step cells with ATen's GEMMs (TFGRADS_DISABLE_BRGEMM=1 forces the
-latter).
+the host and the ISA paths; the "path" column says whether the row's steps ran on oneDNN's BRGEMM
+micro-kernels or on our register tiles (TFGRADS_DISABLE_BRGEMM=1 forces the latter; step_path).
 
     python benchmarks/bench_cudnn_rnn.py                 # CPU, against torch.nn and Keras
     python benchmarks/bench_cudnn_rnn.py --device cuda   # GPU, against torch.nn on cuDNN
@@ -124,6 +123,18 @@ def directions_in_turn(paths, mode, shape):
     return above is not None and torch.get_num_threads() == 2 and above < G * U * (I + U) * 4
 
 
+def step_path(paths, mode, shape, D):
+    """Where a float32 row's steps run on the CPU: "BRGEMM" (oneDNN's micro-kernels; "in turn":
+    a bidirectional layer's directions one after the other), else "tiles" (our register tiles,
+    each thread owning its batch rows: one direction per thread, or every thread at least
+    rnn_tiled_steps_min_rows_per_thread rows) or "cells" (the driver's loop, a GEMM per step)."""
+    if paths["rnn_brgemm"]:
+        return "BRGEMM in turn" if D == 2 and directions_in_turn(paths, mode, shape) else "BRGEMM"
+    threads = 1 if D == 2 else torch.get_num_threads()
+    rows = shape[1] // threads
+    return "tiles" if rows >= paths["rnn_tiled_steps_min_rows_per_thread"] else "cells"
+
+
 def mm_flops(mode, shape):
     """Multiply-adds x2 of the yardstick torch.mm ([B, I + U] x [I + U, G * U])."""
     _, B, I, U = shape
@@ -199,9 +210,7 @@ def main():
                 row += [common.fmt_ms(ours), common.fmt_ms(pt)]
                 row += [] if cuda else [common.fmt_ms(ke)]
                 if not cuda:
-                    path = "BRGEMM" if paths["rnn_brgemm"] else "cells"
-                    if D == 2 and directions_in_turn(paths, mode, shape) and path == "BRGEMM":
-                        path += " in turn"
+                    path = step_path(paths, mode, shape, D)
                 row += [
                     f"{ours / best:.2f}",
                     path,

@@ -152,14 +152,14 @@ def test_matches_torch_nn(case, dtype, tol, device):
         assert rel_err(a, b) <= tol, name
 
 
-def _float32_on_cpu_matches_oracle(case, threads, tol=1e-5):
-    """Outputs, states and every gradient of the float32 CPU op on `threads` threads within `tol`
-    of the float64 oracle."""
+def _float32_on_cpu_matches_oracle(case, threads, tol=1e-5, dtype=torch.float32):
+    """Outputs, states and every gradient of the float32 (or `dtype`) CPU op on `threads` threads
+    within `tol` of the float64 oracle."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x, h, c, p, lens = case.tensors(torch.float32, "cpu")
-        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, torch.float32, "cpu")
+        x, h, c, p, lens = case.tensors(dtype, "cpu")
+        dy, dh, dc = _cotangents(case, _out_shape(case), h, c, dtype, "cpu")
         (out, oh, oc), ours = _grads_ours(case, x, h, c, p, lens, dy, dh, dc)
         (r_out, r_oh, r_oc), ref = _grads_oracle(case, x, h, c, p, lens, dy, dh, dc)
     finally:
@@ -198,6 +198,33 @@ def test_fused_steps_split_rows_or_blocks(case, threads):
     # step cells' input gradient of the GRU case, TFGRADS_DISABLE_BRGEMM=1, is 1.4e-5 from the
     # oracle.)
     _float32_on_cpu_matches_oracle(case, threads, tol=3e-5 if case.D == 2 else 1e-5)
+
+
+# The tiled steps (csrc/cpu/cudnn_rnn_rows.cpp) run where BRGEMM does not: float64, float32
+# with units that BRGEMM's blocks do not divide (below), and everything under
+# TFGRADS_DISABLE_BRGEMM=1 (test_forced_cpu_paths.py reruns this file so). One thread runs
+# all rows; two threads own 8 or more rows each (9 + 8 and 10 + 9 here, past the tiles' 6 or
+# 12 rows); bidirectional layers run a direction per thread. Gate widths G*U of 28-52 end in
+# partial panels (16 or 32 columns). The last case's weight gradients run over two chunks of
+# T*B = 312 rows (256 each) and two blocks of I + U + 1 = 110 rows (96 each).
+TILED_CASES = [
+    Case("lstm", 1, 1, T_=5, B=19, I=9, U=13, lengths=[5, 1, 3, 5, 2] * 3 + [4, 5, 1, 2]),
+    Case("lstm", 1, 2, T_=4, B=17, I=6, U=10, lengths=[4, 2, 1, 3] * 4 + [4]),
+    Case("gru", 1, 1, T_=4, B=17, I=5, U=12, lengths=[4, 1, 3] * 5 + [2, 4]),
+    Case("gru", 2, 2, T_=3, B=16, I=5, U=11, time_major=False),
+    Case("rnn_relu", 2, 1, T_=3, B=16, I=6, U=7),
+    Case("rnn_tanh", 1, 2, T_=3, B=18, I=4, U=9, time_major=False),
+    Case("lstm", 1, 1, T_=12, B=26, I=100, U=9),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float32, 2e-5), (torch.float64, 1e-12)], ids=["f32", "f64"]
+)
+@pytest.mark.parametrize("case", TILED_CASES, ids=repr)
+def test_tiled_steps_match_oracle(case, dtype, tol, threads):
+    _float32_on_cpu_matches_oracle(case, threads, tol=tol, dtype=dtype)
 
 
 @pytest.mark.parametrize("mode", ["lstm", "gru"])

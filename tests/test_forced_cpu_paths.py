@@ -32,6 +32,8 @@ FORCED = {
             "test_cudnn_rnn_tf.py::test_matches_keras",
             "test_cudnn_rnn.py::test_fused_steps_split_rows_or_blocks",
             "test_cudnn_rnn.py::test_fused_steps_with_few_and_many_rows_per_thread",
+            # the tiled steps' float32 tile at AVX2's width
+            "test_cudnn_rnn.py::test_tiled_steps_match_oracle",
         ],
     ),
     # the 8-lane depthwise kernels on layers whose pixels alias in L1, both ways on any host
@@ -108,6 +110,7 @@ def test_cpu_paths_report_the_host():
     in_turn = p["rnn_brgemm"]
     assert p["rnn_directions_in_turn_above_bytes"] == ((3 << 20) if in_turn else None), p
     assert p["depthwise_aliasing"] in ("by_pixel", "tiles"), p
+    assert p["rnn_tiled_steps_min_rows_per_thread"] == 8, p
     assert T.cpu.describe().startswith(p["cpu"])
 
 

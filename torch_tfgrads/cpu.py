@@ -66,11 +66,14 @@ def cpu_model() -> str:
 
 def cpu_paths() -> dict:
     """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "rnn_batched_gemms",
-    "rnn_directions_in_turn_above_bytes", "depthwise_aliasing", "forced"}``: the host, the ISA
+    "rnn_directions_in_turn_above_bytes", "rnn_tiled_steps_min_rows_per_thread",
+    "depthwise_aliasing", "forced"}``: the host, the ISA
     ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32
     steps) run, where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), the size of a
     direction's weights above which a bidirectional layer on two threads runs its directions
-    one after the other rather than one per thread (None: never), how the 8-lane depthwise
+    one after the other rather than one per thread (None: never), the batch rows each thread
+    needs for the RNN's steps to run on our register tiles where BRGEMM does not (fewer: a GEMM
+    per step over all threads), how the 8-lane depthwise
     kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), and the
     forcing environment variables that are set.
 

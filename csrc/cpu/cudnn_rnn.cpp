@@ -13,6 +13,7 @@
 #include "common/cudnn_rnn.h"
 #include "cpu/cudnn_rnn_brgemm.h"
 #include "cpu/cudnn_rnn_cell.h"
+#include "cpu/cudnn_rnn_rows.h"
 #include "cpu/isa.h"
 #include "cpu/transpose.h"
 
@@ -76,6 +77,7 @@ void cell_backward_typed(const Config& cfg, const CellBackward& a) {
 bool aten_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                        const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
                        const at::Tensor& gb) {
+  if (tiled_weight_grads(x, h0, h, dg, gW, gR, gb)) return true;
   const int64_t T = h.size(0), B = h.size(1), Hh = h.size(2), I = x.size(2), GU = dg.size(2);
   const int64_t K = T * B, M = I + Hh + 1;
   if (K == 0) return false;
@@ -114,16 +116,32 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 // on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h). The step cells
 // used to take over from 32 batch rows per thread, a rule measured on an AVX2 host only; on an
 // AVX-512 host the fused steps were faster at those sizes too (docs/perf-notes/cudnn_rnn.md).
+// A direction's fused steps: on BRGEMM where it runs, otherwise rows owned per thread with
+// ATen's BLAS (cudnn_rnn_rows.h); false sends the driver to its per-step loop.
+bool steps_forward(const Config& cfg, const DirectionForward& d) {
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-constexpr CellKernels kCpuCells{&cell_forward,       &cell_backward, &forward_direction,
-                                &backward_direction, &cpu_matmul,    &cpu_weight_grads,
+  if (forward_direction(cfg, d)) return true;
+#endif
+  return rows_forward_direction(cfg, d);
+}
+
+bool steps_backward(const Config& cfg, const DirectionBackward& d) {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  if (backward_direction(cfg, d)) return true;
+#endif
+  return rows_backward_direction(cfg, d);
+}
+
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+constexpr CellKernels kCpuCells{&cell_forward,      &cell_backward, &steps_forward,
+                                &steps_backward,    &cpu_matmul,    &cpu_weight_grads,
                                 &directions_in_turn};
-constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,       &cell_backward, &forward_direction,
-                                         &backward_direction, nullptr,        &aten_weight_grads,
+constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,      &cell_backward, &steps_forward,
+                                         &steps_backward,    nullptr,        &aten_weight_grads,
                                          &directions_in_turn};
 #else
-constexpr CellKernels kCpuCells{&cell_forward, &cell_backward, nullptr,
-                                nullptr,       nullptr,        &aten_weight_grads};
+constexpr CellKernels kCpuCells{&cell_forward,   &cell_backward, &steps_forward,
+                                &steps_backward, nullptr,        &aten_weight_grads};
 constexpr CellKernels kCpuCellsAtenGemms = kCpuCells;
 #endif
 

@@ -49,6 +49,12 @@ bool rnn_batched_gemms_on_brgemm();
 constexpr int64_t kDirectionsInTurnAboveBytes = int64_t{3} << 20;
 int64_t rnn_directions_in_turn_above_bytes();
 
+// Where BRGEMM does not run, the RNN's steps run on register tiles with each thread owning
+// batch rows (cudnn_rnn_rows.h) once every thread gets at least this many (one thread: any);
+// with fewer the driver's per-step loop splits each step's GEMM instead, as each thread would
+// otherwise stream all of R once per step for a handful of rows. cpu_paths() reports it.
+constexpr int64_t kRnnTiledStepsMinRowsPerThread = 8;
+
 // Depthwise layers whose pixels alias in L1 (depthwise_conv2d_cpu.h), on the 8-lane path: the
 // filter gradient and the 3x3 forward and input gradient run pixel by pixel over all channels,
 // or as the sliding tiles. Pixel by pixel was the faster on a CPU without AVX-512 (Zen 3), the

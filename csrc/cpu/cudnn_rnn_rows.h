@@ -1,0 +1,23 @@
+// The fused steps of the CudnnRNN family where oneDNN's BRGEMM path does not run (other
+// dtypes, no BRGEMM in ATen or on this CPU, TFGRADS_DISABLE_BRGEMM=1, units the BRGEMM blocks
+// do not divide): each thread owns batch rows and runs every step for them, the step's GEMM
+// through ATen's BLAS (single-threaded inside the region) then the rows' cells. Rows are
+// independent through the recurrence, so there is no barrier and no parallel region per step,
+// where the per-step driver loop pays both, twice per step, plus the dispatch of its ops.
+// Float32 and float64, no projection; false where it does not apply (the driver's loop runs).
+#pragma once
+
+#include "common/cudnn_rnn.h"
+
+namespace torch_tfgrads {
+namespace cudnn_rnn {
+
+bool rows_forward_direction(const Config& cfg, const DirectionForward& d);
+bool rows_backward_direction(const Config& cfg, const DirectionBackward& d);
+// The weight gradients of CellKernels::weight_grads on the same tiles (float32).
+bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
+                        const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
+                        const at::Tensor& gb);
+
+}  // namespace cudnn_rnn
+}  // namespace torch_tfgrads
