@@ -120,19 +120,22 @@ def directions_in_turn(paths, mode, shape):
     Tn, B, I, U = shape
     above = paths["rnn_directions_in_turn_above_bytes"]
     G = 4 if mode == "lstm" else 3
-    return above is not None and torch.get_num_threads() == 2 and above < G * U * (I + U) * 4
+    return torch.get_num_threads() == 2 and above < G * U * (I + U) * 4
 
 
 def step_path(paths, mode, shape, D):
-    """Where a float32 row's steps run on the CPU: "BRGEMM" (oneDNN's micro-kernels; "in turn":
-    a bidirectional layer's directions one after the other), else "tiles" (our register tiles,
-    each thread owning its batch rows: one direction per thread, or every thread at least
-    rnn_tiled_steps_min_rows_per_thread rows) or "cells" (the driver's loop, a GEMM per step)."""
+    """Where a float32 row's steps run on the CPU: "BRGEMM" (oneDNN's micro-kernels), else
+    "tiles" (our register tiles, each thread owning its batch rows: one direction per thread, or
+    every thread at least rnn_tiled_steps_min_rows_per_thread rows) or "cells" (the driver's
+    loop, a GEMM per step); "in turn": a bidirectional layer's directions one after the other,
+    each over all threads (BRGEMM's blocks, or the tiles with rows enough for each thread)."""
+    turn = D == 2 and directions_in_turn(paths, mode, shape)
     if paths["rnn_brgemm"]:
-        return "BRGEMM in turn" if D == 2 and directions_in_turn(paths, mode, shape) else "BRGEMM"
-    threads = 1 if D == 2 else torch.get_num_threads()
-    rows = shape[1] // threads
-    return "tiles" if rows >= paths["rnn_tiled_steps_min_rows_per_thread"] else "cells"
+        return "BRGEMM in turn" if turn else "BRGEMM"
+    rows = shape[1] // torch.get_num_threads()  # per thread, when they share a direction
+    if rows < paths["rnn_tiled_steps_min_rows_per_thread"]:
+        return "tiles" if D == 2 else "cells"  # a direction per thread, or the per-step GEMMs
+    return "tiles in turn" if turn else "tiles"
 
 
 def mm_flops(mode, shape):

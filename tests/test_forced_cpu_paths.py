@@ -106,9 +106,8 @@ def test_cpu_paths_report_the_host():
     # the RNN's batched GEMMs are on BRGEMM exactly where BRGEMM runs with our AVX-512 kernels
     on_brgemm = p["rnn_brgemm"] and p["avx512_kernels"]
     assert p["rnn_batched_gemms"] == ("brgemm" if on_brgemm else "aten"), p
-    # a bidirectional layer's directions take turns (when wide) on the fused steps
-    in_turn = p["rnn_brgemm"]
-    assert p["rnn_directions_in_turn_above_bytes"] == ((3 << 20) if in_turn else None), p
+    # a bidirectional layer's directions take turns when wide, on BRGEMM's steps and the tiles
+    assert p["rnn_directions_in_turn_above_bytes"] == 3 << 20, p
     assert p["depthwise_aliasing"] in ("by_pixel", "tiles"), p
     assert p["rnn_tiled_steps_min_rows_per_thread"] == 8, p
     assert T.cpu.describe().startswith(p["cpu"])

@@ -71,7 +71,7 @@ def cpu_paths() -> dict:
     ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32
     steps) run, where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), the size of a
     direction's weights above which a bidirectional layer on two threads runs its directions
-    one after the other rather than one per thread (None: never), the batch rows each thread
+    one after the other rather than one per thread, the batch rows each thread
     needs for the RNN's steps to run on our register tiles where BRGEMM does not (fewer: a GEMM
     per step over all threads), how the 8-lane depthwise
     kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), and the
@@ -80,9 +80,6 @@ def cpu_paths() -> dict:
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
     without AVX-512) or ``TFGRADS_DEPTHWISE_ALIASING``."""
     paths = dict(_C._cpu_paths())
-    # 0: the two directions always take a thread each
-    turn = "rnn_directions_in_turn_above_bytes"
-    paths[turn] = paths[turn] or None
     return {
         "cpu": cpu_model(),
         "aten_capability": torch.backends.cpu.get_cpu_capability(),

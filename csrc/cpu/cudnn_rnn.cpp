@@ -132,16 +132,24 @@ bool steps_backward(const Config& cfg, const DirectionBackward& d) {
   return rows_backward_direction(cfg, d);
 }
 
+// Whether a bidirectional layer's directions run one after the other, each over all threads:
+// on BRGEMM's fused steps or on the tiles, by the same weight-size rule (cpu/isa.h).
+bool directions_turn(const Config& cfg, int64_t layer, const at::Tensor& like) {
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-constexpr CellKernels kCpuCells{&cell_forward,      &cell_backward, &steps_forward,
-                                &steps_backward,    &cpu_matmul,    &cpu_weight_grads,
-                                &directions_in_turn};
-constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,      &cell_backward, &steps_forward,
-                                         &steps_backward,    nullptr,        &aten_weight_grads,
-                                         &directions_in_turn};
+  if (directions_in_turn(cfg, layer, like)) return true;
+#endif
+  return rows_directions_in_turn(cfg, layer, like);
+}
+
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+constexpr CellKernels kCpuCells{&cell_forward, &cell_backward,    &steps_forward,  &steps_backward,
+                                &cpu_matmul,   &cpu_weight_grads, &directions_turn};
+constexpr CellKernels kCpuCellsAtenGemms{&cell_forward,   &cell_backward, &steps_forward,
+                                         &steps_backward, nullptr,        &aten_weight_grads,
+                                         &directions_turn};
 #else
-constexpr CellKernels kCpuCells{&cell_forward,   &cell_backward, &steps_forward,
-                                &steps_backward, nullptr,        &aten_weight_grads};
+constexpr CellKernels kCpuCells{&cell_forward, &cell_backward,     &steps_forward,  &steps_backward,
+                                nullptr,       &aten_weight_grads, &directions_turn};
 constexpr CellKernels kCpuCellsAtenGemms = kCpuCells;
 #endif
 

@@ -454,8 +454,6 @@ bool rnn_brgemm_available() {
 
 bool rnn_batched_gemms_on_brgemm() { return rnn_brgemm_available() && avx512_enabled(); }
 
-int64_t rnn_directions_in_turn_above_bytes() {
-  return rnn_brgemm_available() ? kDirectionsInTurnAboveBytes : 0;
-}
+int64_t rnn_directions_in_turn_above_bytes() { return kDirectionsInTurnAboveBytes; }
 
 }  // namespace torch_tfgrads

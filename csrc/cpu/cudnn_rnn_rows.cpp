@@ -194,6 +194,13 @@ bool rows_backward_direction(const Config& cfg, const DirectionBackward& d) {
   return true;
 }
 
+bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like) {
+  if (!applies(cfg, like.scalar_type()) || row_threads(cfg.B) < 2) return false;
+  const int64_t in = cfg.has_input_weights(layer) ? cfg.in_width(layer) : 0;
+  const int64_t bytes = cfg.GU() * (in + cfg.Hh) * static_cast<int64_t>(like.element_size());
+  return bytes > rnn_directions_in_turn_above_bytes();
+}
+
 // [gW | gR | gb]^T = [x | h_prev | 1]^T dG as one product over the T*B rows of dG (one pass
 // over dG for all three, as cpu_weight_grads does on BRGEMM), on the tiles: the threads take
 // blocks of dG's columns, pack kKc of its rows at a time and run the rows of the left operand

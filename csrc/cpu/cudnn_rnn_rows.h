@@ -14,6 +14,9 @@ namespace cudnn_rnn {
 
 bool rows_forward_direction(const Config& cfg, const DirectionForward& d);
 bool rows_backward_direction(const Config& cfg, const DirectionBackward& d);
+// CellKernels::directions_in_turn for the tiles: a direction's weights above
+// rnn_directions_in_turn_above_bytes (cpu/isa.h) and rows enough for every thread.
+bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like);
 // The weight gradients of CellKernels::weight_grads on the same tiles (float32).
 bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                         const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,

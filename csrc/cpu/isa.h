@@ -41,11 +41,11 @@ bool rnn_brgemm_available();
 bool rnn_batched_gemms_on_brgemm();
 
 // A bidirectional layer's two directions run each on its own thread of a two-thread CPU,
-// except (with the fused BRGEMM steps) when a direction's weights, W and R, take more than this
-// many bytes: then they run one after the other, each with both threads, as a unidirectional
-// layer does (both directions' weights at once compete for the L3; docs/perf-notes/
-// cudnn_rnn.md). 0 where the directions always take a thread each (the per-step cells).
-// torch_tfgrads.cpu.cpu_paths() reports it.
+// except (with the fused BRGEMM steps, or the register tiles with rows to share) when a
+// direction's weights, W and R, take more than this many bytes: then they run one after the
+// other, each with both threads, as a unidirectional layer does (both directions' weights at
+// once compete for the L3; docs/perf-notes/cudnn_rnn.md). The driver's per-step loop keeps a
+// thread per direction. torch_tfgrads.cpu.cpu_paths() reports it.
 constexpr int64_t kDirectionsInTurnAboveBytes = int64_t{3} << 20;
 int64_t rnn_directions_in_turn_above_bytes();
 

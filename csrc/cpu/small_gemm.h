@@ -4,7 +4,7 @@
 // (k-major, the last panel zero-padded), A read in place, one element broadcast at a time.
 //
 // Why not the BLAS: a step's product has 8-32 rows per thread, and the BLAS packs all of B on
-// every call and then runs its small-M kernels; at these shapes the tiles below ran at 1.3-2x
+// every call and then runs its small-M kernels; at these shapes the tiles below ran 1.4-2.8x
 // its single-thread speed (docs/perf-notes/cudnn_rnn.md). One at::vec source serves every ISA
 // at the build's vector width (float32 and float64); float32 has an AVX-512 tile too, used
 // where our AVX-512 kernels are on (small_gemm_avx512.cpp).

@@ -1,6 +1,6 @@
 // The float32 tile of small_gemm.h with AVX-512: 12 rows by two 16-lane vectors, so 24 of the
 // 32 registers accumulate (the 16-register AVX2 tile holds 6 rows by two 8-lane vectors). On
-// an AVX-512 Zen 4 host it ran the step products 12-15% faster than the AVX2 tile
+// an AVX-512 Zen 4 host it ran the step products 5-15% faster than the AVX2 tile
 // (docs/perf-notes/cudnn_rnn.md). Compiled for AVX-512 after the `#pragma GCC target`, called
 // only when avx512_enabled() says so (B was packed 32 columns wide then).
 #include "cpu/small_gemm.h"
