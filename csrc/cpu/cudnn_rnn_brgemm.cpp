@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/cudnn_rnn_cell.h"
+#include "cpu/cudnn_rnn_weight_grads.h"
 #include "cpu/isa.h"
 #include "cpu/transpose.h"
 
@@ -401,34 +402,17 @@ bool cpu_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias
   return true;
 }
 
-// [gW | gR | gb]^T = [x | h_prev | 1]^T dG, one GEMM over the T*B rows of dG: its transposed
-// form reads dG once, in place, for all three (the ones row sums dG's columns), instead of two
-// GEMMs, a concatenation of h_prev and a column sum, each a pass over dG.
+// The weight gradients as one product (cudnn_rnn_weight_grads.h) on BRGEMM's blocked GEMM.
 bool cpu_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                       const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
                       const at::Tensor& gb) {
   if (dg.scalar_type() != at::kFloat || !brgemm_usable() || !row_major(gW) || !row_major(gR))
     return false;
-  const int64_t T = h.size(0), B = h.size(1), Hh = h.size(2), I = x.size(2), GU = dg.size(2);
-  const int64_t K = T * B, M = I + Hh + 1;
-  if (K == 0) return false;
-  const at::Tensor xc = x.contiguous(), h0c = h0.contiguous(), hc = h.contiguous();
-  const at::Tensor dgc = dg.contiguous();
-  at::Tensor lhs = at::empty({M, K}, dg.options());  // rows: x^T, h_prev^T, ones
-  float* l = lhs.data_ptr<float>();
-  transpose(K, I, xc.data_ptr<float>(), I, l, K);
-  transpose(B, Hh, h0c.data_ptr<float>(), Hh, l + I * K, K);
-  transpose(K - B, Hh, hc.data_ptr<float>(), Hh, l + I * K + B, K);
-  std::fill(l + (I + Hh) * K, l + M * K, 1.f);
-  at::Tensor tmp = at::empty({M, GU}, dg.options());
-  const float* t = tmp.data_ptr<float>();
-  blocked_mm(M, GU, K, l, K, dgc.data_ptr<float>(), GU, 1, tmp.data_ptr<float>(), GU, false,
-             nullptr);
-  transpose(I, GU, t, GU, gW.data_ptr<float>(), gW.stride(0));
-  transpose(Hh, GU, t + I * GU, GU, gR.data_ptr<float>(), gR.stride(0));
-  at::Tensor gbv = gb;
-  gbv.copy_(tmp[M - 1]);
-  return true;
+  return weight_grads_as_one_product(
+      x, h0, h, dg, gW, gR, gb,
+      [](const float* l, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
+        blocked_mm(M, GU, K, l, K, d, GU, 1, t, GU, false, nullptr);
+      });
 }
 
 bool directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like) {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "cpu/cudnn_rnn_cell.h"
+#include "cpu/cudnn_rnn_weight_grads.h"
 #include "cpu/isa.h"
 #include "cpu/small_gemm.h"
-#include "cpu/transpose.h"
 
 namespace torch_tfgrads {
 namespace cudnn_rnn {
@@ -201,49 +201,31 @@ bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor&
   return bytes > rnn_directions_in_turn_above_bytes();
 }
 
-// [gW | gR | gb]^T = [x | h_prev | 1]^T dG as one product over the T*B rows of dG (one pass
-// over dG for all three, as cpu_weight_grads does on BRGEMM), on the tiles: the threads take
-// blocks of dG's columns, pack kKc of its rows at a time and run the rows of the left operand
-// over them in blocks of kMc.
+// The weight gradients as one product (cudnn_rnn_weight_grads.h) on the tiles: the threads take
+// blocks of kNc columns of dG, pack kKc of its rows at a time (the chunk stays in L2) and run
+// blocks of kMc rows of the left operand over it.
 bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                         const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
                         const at::Tensor& gb) {
   if (dg.scalar_type() != at::kFloat || gW.stride(1) != 1 || gR.stride(1) != 1) return false;
-  const int64_t T = h.size(0), B = h.size(1), Hh = h.size(2), I = x.size(2), GU = dg.size(2);
-  const int64_t K = T * B, M = I + Hh + 1;
-  if (K == 0) return false;
-  constexpr int64_t kKc = 256, kMc = 96, kNc = 256;
-  const at::Tensor xc = x.contiguous(), h0c = h0.contiguous(), hc = h.contiguous();
-  const at::Tensor dgc = dg.contiguous();
-  at::Tensor lhs = at::empty({M, K}, dg.options());  // rows: x^T, h_prev^T, ones
-  float* l = lhs.data_ptr<float>();
-  transpose(K, I, xc.data_ptr<float>(), I, l, K);
-  transpose(B, Hh, h0c.data_ptr<float>(), Hh, l + I * K, K);
-  transpose(K - B, Hh, hc.data_ptr<float>(), Hh, l + I * K + B, K);
-  std::fill(l + (I + Hh) * K, l + M * K, 1.f);
-  at::Tensor tmp = at::empty({M, GU}, dg.options());
-  float* t = tmp.data_ptr<float>();
-  const float* d = dgc.data_ptr<float>();
-  // Tasks of kNc columns: a task's packed chunk of dG (kKc x kNc) stays in L2 while every
-  // block of rows passes over it.
-  at::parallel_for(0, (GU + kNc - 1) / kNc, 1, [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {
-      const int64_t n0 = q * kNc, nn = std::min(kNc, GU - n0);
-      for (int64_t k0 = 0; k0 < K; k0 += kKc) {
-        const int64_t kc = std::min(kKc, K - k0);
-        const small_gemm::Packed p = small_gemm::pack(d + k0 * GU + n0, GU, 1, kc, nn,
-                                                      dg.options());
-        for (int64_t m0 = 0; m0 < M; m0 += kMc)
-          small_gemm::gemm(std::min(kMc, M - m0), l + m0 * K + k0, K, p, t + m0 * GU + n0, GU,
-                           k0 > 0);
-      }
-    }
-  });
-  transpose(I, GU, t, GU, gW.data_ptr<float>(), gW.stride(0));
-  transpose(Hh, GU, t + I * GU, GU, gR.data_ptr<float>(), gR.stride(0));
-  at::Tensor gbv = gb;
-  gbv.copy_(tmp[M - 1]);
-  return true;
+  const at::TensorOptions opts = dg.options();
+  return weight_grads_as_one_product(
+      x, h0, h, dg, gW, gR, gb,
+      [&](const float* l, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
+        constexpr int64_t kKc = 256, kMc = 96, kNc = 256;
+        at::parallel_for(0, (GU + kNc - 1) / kNc, 1, [&](int64_t q0, int64_t q1) {
+          for (int64_t q = q0; q < q1; ++q) {
+            const int64_t n0 = q * kNc, nn = std::min(kNc, GU - n0);
+            for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+              const int64_t kc = std::min(kKc, K - k0);
+              const small_gemm::Packed p = small_gemm::pack(d + k0 * GU + n0, GU, 1, kc, nn, opts);
+              for (int64_t m0 = 0; m0 < M; m0 += kMc)
+                small_gemm::gemm(std::min(kMc, M - m0), l + m0 * K + k0, K, p, t + m0 * GU + n0, GU,
+                                 k0 > 0);
+            }
+          }
+        });
+      });
 }
 
 }  // namespace cudnn_rnn
