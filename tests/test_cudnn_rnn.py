@@ -217,6 +217,9 @@ TILED_CASES = [
     Case("rnn_relu", 2, 1, T_=3, B=16, I=6, U=7),
     Case("rnn_tanh", 1, 2, T_=3, B=18, I=4, U=9, time_major=False),
     Case("lstm", 1, 1, T_=12, B=26, I=100, U=9),
+    # dG's rows 4 KiB (float64) or 2 KiB (float32, BRGEMM disabled) apart: the tiles copy them
+    # one cache line further apart
+    Case("lstm", 1, 1, T_=3, B=16, I=8, U=128, lengths=[3, 2, 1, 3] * 4),
     Case("lstm", 1, 2, T_=2, B=16, I=400, U=300, lengths=[2, 1] * 8),
 ]
 

@@ -410,8 +410,8 @@ bool cpu_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tenso
     return false;
   return weight_grads_as_one_product(
       x, h0, h, dg, gW, gR, gb,
-      [](const float* l, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
-        blocked_mm(M, GU, K, l, K, d, GU, 1, t, GU, false, nullptr);
+      [](const float* l, int64_t ldl, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
+        blocked_mm(M, GU, K, l, ldl, d, GU, 1, t, GU, false, nullptr);
       });
 }
 

@@ -211,7 +211,7 @@ bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Ten
   const at::TensorOptions opts = dg.options();
   return weight_grads_as_one_product(
       x, h0, h, dg, gW, gR, gb,
-      [&](const float* l, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
+      [&](const float* l, int64_t ldl, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
         constexpr int64_t kKc = 256, kMc = 96, kNc = 256;
         at::parallel_for(0, (GU + kNc - 1) / kNc, 1, [&](int64_t q0, int64_t q1) {
           for (int64_t q = q0; q < q1; ++q) {
@@ -220,8 +220,8 @@ bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Ten
               const int64_t kc = std::min(kKc, K - k0);
               const small_gemm::Packed p = small_gemm::pack(d + k0 * GU + n0, GU, 1, kc, nn, opts);
               for (int64_t m0 = 0; m0 < M; m0 += kMc)
-                small_gemm::gemm(std::min(kMc, M - m0), l + m0 * K + k0, K, p, t + m0 * GU + n0, GU,
-                                 k0 > 0);
+                small_gemm::gemm(std::min(kMc, M - m0), l + m0 * ldl + k0, ldl, p, t + m0 * GU + n0,
+                                 GU, k0 > 0);
             }
           }
         });

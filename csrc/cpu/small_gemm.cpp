@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/isa.h"
 
@@ -115,6 +116,18 @@ Packed pack(const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N,
 template <typename T>
 void gemm(int64_t M, const T* a, int64_t lda, const Packed& b, T* c, int64_t ldc, bool accumulate) {
   if (M == 0 || b.N == 0) return;
+  // A tile broadcasts from its rows in turn, each row's line reused for several k. Rows a
+  // multiple of 2 KiB apart fall in the same few L1 sets (4 KiB apart: all in one set, more
+  // rows than ways), so each line would be evicted before its reuse: copy A to rows one cache
+  // line further apart.
+  if (M > 1 && (lda * sizeof(T)) % 2048 == 0) {
+    const int64_t K = b.K, ld = lda + 64 / sizeof(T);
+    thread_local std::vector<T> rows;
+    if (static_cast<int64_t>(rows.size()) < M * ld) rows.resize(M * ld);
+    for (int64_t i = 0; i < M; ++i) std::memcpy(rows.data() + i * ld, a + i * lda, K * sizeof(T));
+    a = rows.data();
+    lda = ld;
+  }
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   if constexpr (std::is_same_v<T, float>) {
     if (b.NR == kAvx512NR) return gemm_avx512(M, a, lda, b, c, ldc, accumulate);
