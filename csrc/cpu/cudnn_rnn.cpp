@@ -116,8 +116,8 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 // on BRGEMM too, or through ATen (rnn_batched_gemms_on_brgemm in cpu/isa.h). The step cells
 // used to take over from 32 batch rows per thread, a rule measured on an AVX2 host only; on an
 // AVX-512 host the fused steps were faster at those sizes too (docs/perf-notes/cudnn_rnn.md).
-// A direction's fused steps: on BRGEMM where it runs, otherwise rows owned per thread with
-// ATen's BLAS (cudnn_rnn_rows.h); false sends the driver to its per-step loop.
+// A direction's fused steps: on BRGEMM where it runs, otherwise rows owned per thread on the
+// register tiles (cudnn_rnn_rows.h); false sends the driver to its per-step loop.
 bool steps_forward(const Config& cfg, const DirectionForward& d) {
 #ifdef CPUBLAS_BRGEMM_F32F32F32
   if (forward_direction(cfg, d)) return true;

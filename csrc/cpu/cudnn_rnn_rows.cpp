@@ -203,25 +203,32 @@ bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor&
 
 // The weight gradients as one product (cudnn_rnn_weight_grads.h) on the tiles: the threads take
 // blocks of kNc columns of dG, pack kKc of its rows at a time (the chunk stays in L2) and run
-// blocks of kMc rows of the left operand over it.
+// blocks of kMc rows of the left operand over it. Narrow layers have fewer column blocks than
+// threads: their rows are split into groups too (each group packs the chunk itself).
 bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                         const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,
                         const at::Tensor& gb) {
   if (dg.scalar_type() != at::kFloat || gW.stride(1) != 1 || gR.stride(1) != 1) return false;
   const at::TensorOptions opts = dg.options();
+  const int64_t nt = at::in_parallel_region() ? 1 : at::get_num_threads();
   return weight_grads_as_one_product(
       x, h0, h, dg, gW, gR, gb,
       [&](const float* l, int64_t ldl, int64_t M, int64_t K, const float* d, int64_t GU, float* t) {
         constexpr int64_t kKc = 256, kMc = 96, kNc = 256;
-        at::parallel_for(0, (GU + kNc - 1) / kNc, 1, [&](int64_t q0, int64_t q1) {
+        const int64_t cols = (GU + kNc - 1) / kNc, blocks = (M + kMc - 1) / kMc;
+        const int64_t groups = std::min(blocks, (nt + cols - 1) / cols);
+        const int64_t group_rows = (blocks + groups - 1) / groups * kMc;
+        at::parallel_for(0, cols * groups, 1, [&](int64_t q0, int64_t q1) {
           for (int64_t q = q0; q < q1; ++q) {
-            const int64_t n0 = q * kNc, nn = std::min(kNc, GU - n0);
+            const int64_t n0 = q / groups * kNc, nn = std::min(kNc, GU - n0);
+            const int64_t r0 = q % groups * group_rows, r1 = std::min(M, r0 + group_rows);
+            if (r0 >= r1) continue;
             for (int64_t k0 = 0; k0 < K; k0 += kKc) {
               const int64_t kc = std::min(kKc, K - k0);
               const small_gemm::Packed p = small_gemm::pack(d + k0 * GU + n0, GU, 1, kc, nn, opts);
-              for (int64_t m0 = 0; m0 < M; m0 += kMc)
-                small_gemm::gemm(std::min(kMc, M - m0), l + m0 * ldl + k0, ldl, p, t + m0 * GU + n0,
-                                 GU, k0 > 0);
+              for (int64_t m0 = r0; m0 < r1; m0 += kMc)
+                small_gemm::gemm(std::min(kMc, r1 - m0), l + m0 * ldl + k0, ldl, p,
+                                 t + m0 * GU + n0, GU, k0 > 0);
             }
           }
         });

@@ -1,7 +1,7 @@
 // The fused steps of the CudnnRNN family where oneDNN's BRGEMM path does not run (other
 // dtypes, no BRGEMM in ATen or on this CPU, TFGRADS_DISABLE_BRGEMM=1, units the BRGEMM blocks
-// do not divide): each thread owns batch rows and runs every step for them, the step's GEMM
-// through ATen's BLAS (single-threaded inside the region) then the rows' cells. Rows are
+// do not divide): each thread owns batch rows and runs every step for them, the step's GEMM on
+// the register tiles of small_gemm.h (weights packed once per call) then the rows' cells. Rows are
 // independent through the recurrence, so there is no barrier and no parallel region per step,
 // where the per-step driver loop pays both, twice per step, plus the dispatch of its ops.
 // Float32 and float64, no projection; false where it does not apply (the driver's loop runs).
