@@ -95,14 +95,6 @@ at::Tensor pack_blocks(const at::Tensor& M, int64_t G, int64_t ub) {
   return P;
 }
 
-// A per-thread buffer of at least n floats, kept between steps and calls: the step loops
-// below need one per step (gate pre-activations, dh) and would otherwise allocate it each time.
-float* thread_buffer(int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  return buf.data();
-}
-
 // How the fused steps use the threads; calls steps(b0, b1, blocks_in_parallel) (false: the
 // caller's thread does every block of its rows, in order). Batch rows are independent through
 // every step, so with enough rows per thread each thread runs all the steps for its own rows:
@@ -226,7 +218,7 @@ bool forward_direction(const Config& cfg, const DirectionForward& d) {
         const float* h_prev = s ? hs + (s - 1) * B * U : h0;
         const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
         auto blocks = [&](int64_t j0, int64_t j1) {
-          float* buf = thread_buffer(rows * N);
+          float* buf = thread_buffer<float>(rows * N);
           for (int64_t j = j0; j < j1; ++j) {
             if (project)
               at::native::cpublas::brgemm(rows, N, I, I, N, N, false, xs + (s * B + b0) * I,
@@ -307,7 +299,7 @@ bool backward_direction(const Config& cfg, const DirectionBackward& d) {
         const float* h_prev = s ? hs + (s - 1) * B * U : h0;
         const float* c_prev = lstm ? (s ? cs + (s - 1) * B * U : c0) : nullptr;
         auto blocks = [&](int64_t j0, int64_t j1) {
-          float* dh = thread_buffer(rows * ub);
+          float* dh = thread_buffer<float>(rows * ub);
           for (int64_t j = j0; j < j1; ++j) {
             const int64_t u0 = j * ub;
             // dh w.r.t. this step's h, for the block: dh_n at the last step, otherwise the next
@@ -419,8 +411,7 @@ bool directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like
   const int64_t above = rnn_directions_in_turn_above_bytes();
   if (above == 0 || like.scalar_type() != at::kFloat || unit_block(cfg, true, false) == 0)
     return false;
-  const int64_t in = cfg.has_input_weights(layer) ? cfg.in_width(layer) : 0;
-  return cfg.GU() * (in + cfg.Hh) * static_cast<int64_t>(sizeof(float)) > above;
+  return direction_weights_above(cfg, layer, sizeof(float), above);
 }
 
 }  // namespace cudnn_rnn

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "common/cudnn_rnn.h"
 #include "common/cudnn_rnn_cells.h"
@@ -77,6 +78,23 @@ void for_rows(int64_t B, int64_t row_work, const F& f) {
   at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) f(b);
   });
+}
+
+// A per-thread buffer of at least n elements, kept between steps and calls: the fused step
+// loops need one per step (gate pre-activations, dh) and would otherwise allocate it each time.
+template <typename T>
+T* thread_buffer(int64_t n) {
+  thread_local std::vector<T> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
+// Whether a direction's W and R, in elements of elem_size bytes, exceed the size above which a
+// bidirectional layer's directions take turns (rnn_directions_in_turn_above_bytes, cpu/isa.h).
+inline bool direction_weights_above(const Config& cfg, int64_t layer, int64_t elem_size,
+                                    int64_t above) {
+  const int64_t in = cfg.has_input_weights(layer) ? cfg.in_width(layer) : 0;
+  return cfg.GU() * (in + cfg.Hh) * elem_size > above;
 }
 
 template <typename T>

@@ -24,13 +24,6 @@ int64_t row_threads(int64_t B) {
   return B >= nt * kRnnTiledStepsMinRowsPerThread ? nt : 0;
 }
 
-template <typename T>
-T* thread_buffer(int64_t n) {
-  thread_local std::vector<T> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  return buf.data();
-}
-
 // Calls steps(b0, b1) once per thread with its rows.
 template <typename F>
 void over_rows(int64_t B, int64_t nt, const F& steps) {
@@ -196,9 +189,8 @@ bool rows_backward_direction(const Config& cfg, const DirectionBackward& d) {
 
 bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like) {
   if (!applies(cfg, like.scalar_type()) || row_threads(cfg.B) < 2) return false;
-  const int64_t in = cfg.has_input_weights(layer) ? cfg.in_width(layer) : 0;
-  const int64_t bytes = cfg.GU() * (in + cfg.Hh) * static_cast<int64_t>(like.element_size());
-  return bytes > rnn_directions_in_turn_above_bytes();
+  return direction_weights_above(cfg, layer, like.element_size(),
+                                 rnn_directions_in_turn_above_bytes());
 }
 
 // The weight gradients as one product (cudnn_rnn_weight_grads.h) on the tiles: the threads take
@@ -223,11 +215,13 @@ bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Ten
             const int64_t n0 = q / groups * kNc, nn = std::min(kNc, GU - n0);
             const int64_t r0 = q % groups * group_rows, r1 = std::min(M, r0 + group_rows);
             if (r0 >= r1) continue;
+            // one buffer for every chunk of the task, rather than an allocation per chunk
+            small_gemm::Packed chunk = small_gemm::pack_storage<float>(kKc, kNc, opts);
             for (int64_t k0 = 0; k0 < K; k0 += kKc) {
               const int64_t kc = std::min(kKc, K - k0);
-              const small_gemm::Packed p = small_gemm::pack(d + k0 * GU + n0, GU, 1, kc, nn, opts);
+              small_gemm::pack_into(chunk, d + k0 * GU + n0, GU, 1, kc, nn);
               for (int64_t m0 = r0; m0 < r1; m0 += kMc)
-                small_gemm::gemm(std::min(kMc, r1 - m0), l + m0 * ldl + k0, ldl, p,
+                small_gemm::gemm(std::min(kMc, r1 - m0), l + m0 * ldl + k0, ldl, chunk,
                                  t + m0 * GU + n0, GU, k0 > 0);
             }
           }

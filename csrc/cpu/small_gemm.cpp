@@ -89,11 +89,18 @@ int64_t panel_width() {
 }  // namespace
 
 template <typename T>
-Packed pack(const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N,
-            const at::TensorOptions& opts) {
+Packed pack_storage(int64_t K, int64_t N, const at::TensorOptions& opts) {
   const int64_t NR = panel_width<T>(), panels = (N + NR - 1) / NR;
-  Packed out{at::empty({panels, K, NR}, opts), K, N, NR};
-  T* dst = out.panels.data_ptr<T>();
+  return Packed{at::empty({panels, K, NR}, opts), K, N, NR};
+}
+
+template <typename T>
+void pack_into(Packed& into, const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N) {
+  const int64_t NR = into.NR, panels = (N + NR - 1) / NR;
+  TORCH_INTERNAL_ASSERT(panels * K * NR <= into.panels.numel(), "small_gemm: storage too small");
+  into.K = K;
+  into.N = N;
+  T* dst = into.panels.data_ptr<T>();
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * NR, nn = std::min(NR, N - n0);
@@ -110,6 +117,13 @@ Packed pack(const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N,
       }
     }
   });
+}
+
+template <typename T>
+Packed pack(const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N,
+            const at::TensorOptions& opts) {
+  Packed out = pack_storage<T>(K, N, opts);
+  pack_into(out, b, sk, sn, K, N);
   return out;
 }
 
@@ -137,6 +151,8 @@ void gemm(int64_t M, const T* a, int64_t lda, const Packed& b, T* c, int64_t ldc
   gemm_vec(M, a, lda, b, c, ldc, accumulate);
 }
 
+template Packed pack_storage<float>(int64_t, int64_t, const at::TensorOptions&);
+template void pack_into<float>(Packed&, const float*, int64_t, int64_t, int64_t, int64_t);
 template Packed pack<float>(const float*, int64_t, int64_t, int64_t, int64_t,
                             const at::TensorOptions&);
 template Packed pack<double>(const double*, int64_t, int64_t, int64_t, int64_t,

@@ -33,6 +33,13 @@ template <typename T>
 Packed pack(const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N,
             const at::TensorOptions& opts);
 
+// Storage for packing up to K x N (pack_into), allocated once and reused; and the packing
+// into it (the same layout as pack's, `into.K` and `into.N` set to this B's sizes).
+template <typename T>
+Packed pack_storage(int64_t K, int64_t N, const at::TensorOptions& opts);
+template <typename T>
+void pack_into(Packed& into, const T* b, int64_t sk, int64_t sn, int64_t K, int64_t N);
+
 // C[M, N] (row-major, ldc) = A[M, K] (row-major, lda) B, or += with accumulate; on the calling
 // thread.
 template <typename T>
