@@ -128,12 +128,22 @@ def step_path(paths, mode, shape, D):
     "tiles" (our register tiles, each thread owning its batch rows: one direction per thread, or
     every thread at least rnn_tiled_steps_min_rows_per_thread rows) or "cells" (the driver's
     loop, a GEMM per step); "in turn": a bidirectional layer's directions one after the other,
-    each over all threads (BRGEMM's blocks, or the tiles with rows enough for each thread)."""
+    each over all threads (BRGEMM's blocks, or the tiles with rows enough for each thread).
+    Where BRGEMM runs, a direction that the threads share goes to the tiles while its W and R
+    take at most rnn_tiles_before_brgemm_up_to_bytes (the 8-lane path; 0 elsewhere)."""
+    _, B, I, U = shape
+    nt = torch.get_num_threads()
     turn = D == 2 and directions_in_turn(paths, mode, shape)
+    rows = B // nt  # per thread, when they share a direction
+    enough = rows >= paths["rnn_tiled_steps_min_rows_per_thread"]
     if paths["rnn_brgemm"]:
+        small = (4 if mode == "lstm" else 3) * U * (I + U) * 4 <= paths[
+            "rnn_tiles_before_brgemm_up_to_bytes"
+        ]
+        if nt > 1 and (D == 1 or turn) and enough and small:
+            return "tiles in turn" if turn else "tiles"
         return "BRGEMM in turn" if turn else "BRGEMM"
-    rows = shape[1] // torch.get_num_threads()  # per thread, when they share a direction
-    if rows < paths["rnn_tiled_steps_min_rows_per_thread"]:
+    if not enough:
         return "tiles" if D == 2 else "cells"  # a direction per thread, or the per-step GEMMs
     return "tiles in turn" if turn else "tiles"
 

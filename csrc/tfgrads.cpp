@@ -24,13 +24,15 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
     const bool batched = torch_tfgrads::rnn_batched_gemms_on_brgemm();
     const bool by_pixel = torch_tfgrads::depthwise_aliasing_by_pixel();
     return Py_BuildValue(
-        "{s:O,s:O,s:s,s:L,s:L,s:s}", "avx512_kernels", avx512 ? Py_True : Py_False, "rnn_brgemm",
-        brgemm ? Py_True : Py_False, "rnn_batched_gemms", batched ? "brgemm" : "aten",
+        "{s:O,s:O,s:s,s:L,s:L,s:L,s:s}", "avx512_kernels", avx512 ? Py_True : Py_False,
+        "rnn_brgemm", brgemm ? Py_True : Py_False, "rnn_batched_gemms", batched ? "brgemm" : "aten",
         "rnn_directions_in_turn_above_bytes",
         static_cast<long long>(torch_tfgrads::rnn_directions_in_turn_above_bytes()),
         "rnn_tiled_steps_min_rows_per_thread",
-        static_cast<long long>(torch_tfgrads::kRnnTiledStepsMinRowsPerThread), "depthwise_aliasing",
-        by_pixel ? "by_pixel" : "tiles");
+        static_cast<long long>(torch_tfgrads::kRnnTiledStepsMinRowsPerThread),
+        "rnn_tiles_before_brgemm_up_to_bytes",
+        static_cast<long long>(torch_tfgrads::rnn_tiles_before_brgemm_up_to_bytes()),
+        "depthwise_aliasing", by_pixel ? "by_pixel" : "tiles");
   } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY or TFGRADS_DEPTHWISE_ALIASING
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     return nullptr;

@@ -181,6 +181,10 @@ def _float32_on_cpu_matches_oracle(case, threads, tol=1e-5, dtype=torch.float32)
         # wide layers: on AVX2 the backward's blocks narrow to 32 and 16 units (R's panel)
         Case("lstm", 1, 1, T_=3, B=5, I=8, U=320, lengths=[3, 1, 2, 3, 2]),
         Case("lstm", 1, 1, T_=3, B=4, I=8, U=528),
+        # 17 rows and W and R of 3.27 MB, past rnn_tiles_before_brgemm_up_to_bytes: on the
+        # 8-lane path BRGEMM's blocks with rows enough for the tiles (the narrower cases with
+        # 16-19 rows run on the tiles there)
+        Case("lstm", 1, 1, T_=3, B=17, I=8, U=448, lengths=[3, 1, 2] * 5 + [3, 2]),
         # bidirectional, a direction's W and R above rnn_directions_in_turn_above_bytes (the
         # fused steps): on two threads the directions run one after the other, both threads on
         # each
@@ -191,8 +195,9 @@ def _float32_on_cpu_matches_oracle(case, threads, tol=1e-5, dtype=torch.float32)
 )
 def test_fused_steps_split_rows_or_blocks(case, threads):
     # float32's fused steps split batch rows over the threads when each gets >= 8 rows (19
-    # rows: 10 + 9) with AVX-512, else each step's unit blocks; one thread does all. Same
-    # numbers each way.
+    # rows: 10 + 9) with AVX-512, else each step's unit blocks; one thread does all. On the
+    # 8-lane path, rows enough and small weights run on the tiles instead. Same numbers each
+    # way.
     # (Mostly unidirectional: the two directions of a bidirectional layer run one per thread,
     # except the wide ones at the end. Their float32 sums run over G*U = 1344-1792 terms: the
     # step cells' input gradient of the GRU case, TFGRADS_DISABLE_BRGEMM=1, is 1.4e-5 from the
@@ -239,7 +244,8 @@ def test_tiled_steps_match_oracle(case, dtype, tol, threads):
 def test_fused_steps_with_few_and_many_rows_per_thread(mode, batch):
     # The fused float32 steps run at every batch size. With AVX-512, 65 rows on two threads are
     # owned 33 and 32 per thread (each runs every step for its rows) and 15 split each step's unit
-    # blocks instead; on AVX2 both split the blocks. Against the float64 oracle, with lengths
+    # blocks instead; on the 8-lane path 15 split the blocks and 65 run on the tiles, owned the
+    # same way (rnn_tiles_before_brgemm_up_to_bytes). Against the float64 oracle, with lengths
     # (rows past theirs carry h and c).
     lengths = [(3 * b) % 6 + 1 for b in range(batch)]
     _float32_on_cpu_matches_oracle(Case(mode, 1, 1, T_=6, B=batch, I=12, U=32, lengths=lengths), 2)

@@ -85,10 +85,13 @@ def test_tensorflow_parity_holds_on_the_forced_path(tf, path):
     if path.startswith("avx2"):
         assert paths["avx512_kernels"] is False, paths
         assert paths["rnn_batched_gemms"] == "aten", paths
+        up_to = 3 << 20 if paths["rnn_brgemm"] else 0
+        assert paths["rnn_tiles_before_brgemm_up_to_bytes"] == up_to, paths
         if path != "avx2":
             assert paths["depthwise_aliasing"] == path.removeprefix("avx2-"), paths
     else:
         assert paths["rnn_brgemm"] is False, paths
+        assert paths["rnn_tiles_before_brgemm_up_to_bytes"] == 0, paths
     args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not needs_cuda"]
     args += [f"tests/{t}" for t in tests]
     out = _child(env, args)
@@ -110,6 +113,9 @@ def test_cpu_paths_report_the_host():
     assert p["rnn_directions_in_turn_above_bytes"] == 3 << 20, p
     assert p["depthwise_aliasing"] in ("by_pixel", "tiles"), p
     assert p["rnn_tiled_steps_min_rows_per_thread"] == 8, p
+    # shared narrow directions go to the tiles before BRGEMM on the 8-lane path only
+    tiles_first = p["rnn_brgemm"] and not p["avx512_kernels"]
+    assert p["rnn_tiles_before_brgemm_up_to_bytes"] == (3 << 20 if tiles_first else 0), p
     assert T.cpu.describe().startswith(p["cpu"])
 
 

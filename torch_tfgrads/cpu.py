@@ -67,13 +67,15 @@ def cpu_model() -> str:
 def cpu_paths() -> dict:
     """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "rnn_batched_gemms",
     "rnn_directions_in_turn_above_bytes", "rnn_tiled_steps_min_rows_per_thread",
-    "depthwise_aliasing", "forced"}``: the host, the ISA
+    "rnn_tiles_before_brgemm_up_to_bytes", "depthwise_aliasing", "forced"}``: the host, the ISA
     ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32
     steps) run, where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), the size of a
     direction's weights above which a bidirectional layer on two threads runs its directions
     one after the other rather than one per thread, the batch rows each thread
     needs for the RNN's steps to run on our register tiles where BRGEMM does not (fewer: a GEMM
-    per step over all threads), how the 8-lane depthwise
+    per step over all threads), the size of a direction's weights up to which the threads
+    sharing a direction run it on those tiles before BRGEMM (the 8-lane path; 0 where BRGEMM's
+    own schedule runs every direction), how the 8-lane depthwise
     kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), and the
     forcing environment variables that are set.
 

@@ -117,17 +117,19 @@ void cell_backward(const Config& cfg, const CellBackward& a) {
 // used to take over from 32 batch rows per thread, a rule measured on an AVX2 host only; on an
 // AVX-512 host the fused steps were faster at those sizes too (docs/perf-notes/cudnn_rnn.md).
 // A direction's fused steps: on BRGEMM where it runs, otherwise rows owned per thread on the
-// register tiles (cudnn_rnn_rows.h); false sends the driver to its per-step loop.
+// register tiles (cudnn_rnn_rows.h); false sends the driver to its per-step loop. On the 8-lane
+// path the tiles come first for a direction the threads share whose weights are small
+// (rows_before_brgemm, rnn_tiles_before_brgemm_up_to_bytes in cpu/isa.h).
 bool steps_forward(const Config& cfg, const DirectionForward& d) {
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-  if (forward_direction(cfg, d)) return true;
+  if (!rows_before_brgemm(cfg, d.W, d.R) && forward_direction(cfg, d)) return true;
 #endif
   return rows_forward_direction(cfg, d);
 }
 
 bool steps_backward(const Config& cfg, const DirectionBackward& d) {
 #ifdef CPUBLAS_BRGEMM_F32F32F32
-  if (backward_direction(cfg, d)) return true;
+  if (!rows_before_brgemm(cfg, d.W, d.R) && backward_direction(cfg, d)) return true;
 #endif
   return rows_backward_direction(cfg, d);
 }

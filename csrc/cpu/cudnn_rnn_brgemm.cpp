@@ -431,4 +431,8 @@ bool rnn_batched_gemms_on_brgemm() { return rnn_brgemm_available() && avx512_ena
 
 int64_t rnn_directions_in_turn_above_bytes() { return kDirectionsInTurnAboveBytes; }
 
+int64_t rnn_tiles_before_brgemm_up_to_bytes() {
+  return rnn_brgemm_available() && !avx512_enabled() ? kDirectionsInTurnAboveBytes : 0;
+}
+
 }  // namespace torch_tfgrads

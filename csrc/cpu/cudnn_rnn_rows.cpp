@@ -193,6 +193,12 @@ bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor&
                                  rnn_directions_in_turn_above_bytes());
 }
 
+bool rows_before_brgemm(const Config& cfg, const at::Tensor& W, const at::Tensor& R) {
+  const int64_t up_to = rnn_tiles_before_brgemm_up_to_bytes();
+  if (up_to == 0 || !applies(cfg, R.scalar_type()) || row_threads(cfg.B) < 2) return false;
+  return (R.numel() + (W.defined() ? W.numel() : 0)) * R.element_size() <= up_to;
+}
+
 // The weight gradients as one product (cudnn_rnn_weight_grads.h) on the tiles: the threads take
 // blocks of kNc columns of dG, pack kKc of its rows at a time (the chunk stays in L2) and run
 // blocks of kMc rows of the left operand over it. Narrow layers have fewer column blocks than

@@ -17,6 +17,10 @@ bool rows_backward_direction(const Config& cfg, const DirectionBackward& d);
 // CellKernels::directions_in_turn for the tiles: a direction's weights above
 // rnn_directions_in_turn_above_bytes (cpu/isa.h) and rows enough for every thread.
 bool rows_directions_in_turn(const Config& cfg, int64_t layer, const at::Tensor& like);
+// Whether a direction goes to the tiles before BRGEMM is tried: the threads share it (rows
+// enough for each) and its W and R (W undefined: R alone) take at most
+// rnn_tiles_before_brgemm_up_to_bytes (cpu/isa.h).
+bool rows_before_brgemm(const Config& cfg, const at::Tensor& W, const at::Tensor& R);
 // The weight gradients of CellKernels::weight_grads on the same tiles (float32).
 bool tiled_weight_grads(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& h,
                         const at::Tensor& dg, const at::Tensor& gW, const at::Tensor& gR,

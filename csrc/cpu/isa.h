@@ -49,6 +49,15 @@ bool rnn_batched_gemms_on_brgemm();
 constexpr int64_t kDirectionsInTurnAboveBytes = int64_t{3} << 20;
 int64_t rnn_directions_in_turn_above_bytes();
 
+// Where our AVX-512 kernels are off, BRGEMM's fused steps split each step's unit blocks between
+// the threads (cudnn_rnn_brgemm.cpp), which costs a barrier per step and a share of h, or of dG,
+// crossing cores. The register tiles (below) give each thread its own batch rows instead, at the
+// price of every thread streaming the direction's W and R each step. So a direction that the
+// threads share runs on the tiles while its W and R take at most this many bytes (the same size
+// as kDirectionsInTurnAboveBytes, past which both layouts stream weights from the L3), 0 where
+// BRGEMM's own rows run (AVX-512) or BRGEMM is not available. cpu_paths() reports it.
+int64_t rnn_tiles_before_brgemm_up_to_bytes();
+
 // Where BRGEMM does not run, the RNN's steps run on register tiles with each thread owning
 // batch rows (cudnn_rnn_rows.h) once every thread gets at least this many (one thread: any);
 // with fewer the driver's per-step loop splits each step's GEMM instead, as each thread would
