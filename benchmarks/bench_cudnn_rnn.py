@@ -115,12 +115,14 @@ def gemm_flops(mode, shape, D):
 
 
 def directions_in_turn(paths, mode, shape):
-    """Whether a bidirectional layer of `shape` runs its directions one after the other on two
-    threads (cpu_paths' rnn_directions_in_turn_above_bytes: a direction's W and R above it)."""
+    """Whether a bidirectional layer of `shape` runs its directions one after the other, each
+    over all threads: always on more than two threads, and on two when a direction's W and R
+    exceed cpu_paths' rnn_directions_in_turn_above_bytes (else one direction per thread)."""
     Tn, B, I, U = shape
     above = paths["rnn_directions_in_turn_above_bytes"]
     G = 4 if mode == "lstm" else 3
-    return torch.get_num_threads() == 2 and above < G * U * (I + U) * 4
+    nt = torch.get_num_threads()
+    return nt > 2 or (nt == 2 and above < G * U * (I + U) * 4)
 
 
 def step_path(paths, mode, shape, D):
@@ -195,13 +197,14 @@ def main():
     tf = None if cuda else common.import_tf()  # TF only on the CPU
     common.print_device(T, device)
     if cuda:
-        path, where, peers = "CUDA", "cuda", "torch.nn on cuDNN"
+        path, where, note = "CUDA", "cuda", " (torch.nn on cuDNN)"
     else:
         paths = T.cpu.cpu_paths()
-        where, peers = f"{common.THREADS} threads", "Keras in a tf.function"
+        where, note = f"{common.THREADS} threads", ""
+    tf_part = f"TF {tf.__version__} (Keras in a tf.function)" if tf else "TF absent"
     print(
-        f"CudnnRNN forward+backward, float32, 1 layer, {where}, torch {torch.__version__}, TF "
-        f"{tf.__version__ if tf else 'absent'} ({peers}); ms (median of interleaved rounds)",
+        f"CudnnRNN forward+backward, float32, 1 layer, {where}, torch {torch.__version__}{note}, "
+        f"{tf_part}; ms (median of interleaved rounds)",
         flush=True,
     )
     rows = []
@@ -259,8 +262,8 @@ def main():
     else:
         print(
             'Target: ours/best <= 1.00 (best = faster of torch.nn and Keras on TF). Path "in '
-            'turn": the two directions run one after the other, each over both threads (else '
-            "one per thread)."
+            'turn": the two directions run one after the other, each over all threads (else '
+            "one per thread, on two threads)."
         )
     rows = []
     for mode in MODES:
