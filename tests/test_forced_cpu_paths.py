@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import torch_tfgrads as T
 from helpers import REQUIRE_TF
@@ -116,7 +117,28 @@ def test_cpu_paths_report_the_host():
     # shared narrow directions go to the tiles before BRGEMM on the 8-lane path only
     tiles_first = p["rnn_brgemm"] and not p["avx512_kernels"]
     assert p["rnn_tiles_before_brgemm_up_to_bytes"] == (3 << 20 if tiles_first else 0), p
+    assert p["streaming_stores"] is (os.environ.get("TFGRADS_DISABLE_STREAMING", "0") in ("", "0"))
+    assert p["l3_bytes"] is None or p["l3_bytes"] > 0, p
+    assert _paths({"TFGRADS_DISABLE_STREAMING": "1"})["streaming_stores"] is False
     assert T.cpu.describe().startswith(p["cpu"])
+
+
+def test_streaming_stores_change_no_result(tmp_path):
+    # Every kernel that streams its large outputs (tests/streaming_outputs.py), with the
+    # non-temporal stores and with TFGRADS_DISABLE_STREAMING=1's ordinary ones: bit for bit
+    # the same, and each output past the size from which it streams.
+    runs = {}
+    for name, env in (("streaming", {}), ("ordinary", {"TFGRADS_DISABLE_STREAMING": "1"})):
+        out = _child(env, ["tests/streaming_outputs.py", str(tmp_path / name)], timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = torch.load(tmp_path / name)
+    assert runs["streaming"].pop("streaming") is True
+    assert runs["ordinary"].pop("streaming") is False
+    assert runs["streaming"].keys() == runs["ordinary"].keys()
+    for key, a in runs["streaming"].items():
+        threshold = (8 if key.startswith("bn_fwd") else 4) << 20
+        assert a.numel() * a.element_size() > threshold, key
+        assert torch.equal(a, runs["ordinary"][key]), key
 
 
 def test_forcing_variables_are_checked():

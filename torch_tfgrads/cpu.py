@@ -2,7 +2,7 @@
 
 The CPU kernels are compiled for AVX2 + FMA (one binary for every x86-64 CPU with AVX2). A few
 have a second, AVX-512 version chosen at run time, and the recurrent family has a fast path on
-oneDNN's BRGEMM micro-kernels where ATen ships them. Two environment variables, read once per
+oneDNN's BRGEMM micro-kernels where ATen ships them. These environment variables, read once per
 process at the first use, force a path so that any host can measure and test the others:
 
 * ``TFGRADS_CPU_CAPABILITY=avx2``: our AVX-512 kernels off (ATen keeps its own; set
@@ -13,6 +13,9 @@ process at the first use, force a path so that any host can measure and test the
   channels (by default where the CPU lacks AVX-512, measured faster on AMD Zen 3) or as the
   sliding tiles (by default where it has AVX-512, measured faster on Zen 4 when forced to the
   8-lane kernels).
+* ``TFGRADS_DISABLE_STREAMING=1``: the memory-bound kernels write their large outputs with
+  ordinary stores instead of non-temporal ones (same results; which is faster depends on
+  whether the output could stay in the host's L3).
 
 An AVX2 host, peers included, is emulated on an AVX-512 one with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``: ATen, our
@@ -39,6 +42,7 @@ ENV_VARS = (
     "TFGRADS_CPU_CAPABILITY",
     "TFGRADS_DISABLE_BRGEMM",
     "TFGRADS_DEPTHWISE_ALIASING",
+    "TFGRADS_DISABLE_STREAMING",
     "ATEN_CPU_CAPABILITY",
     "ONEDNN_MAX_CPU_ISA",
     "MKL_ENABLE_INSTRUCTIONS",
@@ -64,10 +68,31 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+def l3_bytes() -> int | None:
+    """The size of the L3 cache that CPU 0 shares (Linux sysfs), or None where it is not
+    reported. The hosts measured differ by 10x here (32 MiB on the AMD VMs, 300 MiB on the
+    Intel one), which decides whether a benchmark's tensors stay in cache."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level"), encoding="utf-8") as f:
+                if f.read().strip() != "3":
+                    continue
+            with open(os.path.join(path, "size"), encoding="utf-8") as f:
+                size = f.read().strip()
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+            return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def cpu_paths() -> dict:
     """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "rnn_batched_gemms",
     "rnn_directions_in_turn_above_bytes", "rnn_tiled_steps_min_rows_per_thread",
-    "rnn_tiles_before_brgemm_up_to_bytes", "depthwise_aliasing", "forced"}``: the host, the ISA
+    "rnn_tiles_before_brgemm_up_to_bytes", "depthwise_aliasing", "streaming_stores", "l3_bytes",
+    "forced"}``: the host, the ISA
     ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32
     steps) run, where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), the size of a
     direction's weights above which a bidirectional layer on two threads runs its directions
@@ -76,8 +101,9 @@ def cpu_paths() -> dict:
     per step over all threads), the size of a direction's weights up to which the threads
     sharing a direction run it on those tiles before BRGEMM (the 8-lane path; 0 where BRGEMM's
     own schedule runs every direction), how the 8-lane depthwise
-    kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), and the
-    forcing environment variables that are set.
+    kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), whether large
+    outputs are written with non-temporal stores, the L3 cache's size as the OS reports it
+    (None where it does not), and the forcing environment variables that are set.
 
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
     without AVX-512) or ``TFGRADS_DEPTHWISE_ALIASING``."""
@@ -86,6 +112,7 @@ def cpu_paths() -> dict:
         "cpu": cpu_model(),
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
         **paths,
+        "l3_bytes": l3_bytes(),
         "forced": {k: os.environ[k] for k in ENV_VARS if os.environ.get(k)},
     }
 
@@ -98,8 +125,9 @@ def describe() -> str:
     aliasing = (
         "" if p["avx512_kernels"] else f"depthwise aliasing layers: {p['depthwise_aliasing']}; "
     )
+    l3 = f", L3 {p['l3_bytes'] >> 20} MiB" if p["l3_bytes"] else ""
     return (
-        f"{p['cpu']}, {os.cpu_count()} CPUs; ATen {p['aten_capability']}; our AVX-512 kernels "
+        f"{p['cpu']}, {os.cpu_count()} CPUs{l3}; ATen {p['aten_capability']}; our AVX-512 kernels "
         f"{'on' if p['avx512_kernels'] else 'off'}; RNN BRGEMM "
         f"{'on' if p['rnn_brgemm'] else 'off'} (batched GEMMs: {p['rnn_batched_gemms']}); "
         f"{aliasing}{forced}"

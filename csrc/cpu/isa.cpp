@@ -52,6 +52,14 @@ bool brgemm_allowed() {
   return on;
 }
 
+bool streaming_stores_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("TFGRADS_DISABLE_STREAMING");
+    return v == nullptr || std::string(v).empty() || std::string(v) == "0";
+  }();
+  return on;
+}
+
 bool depthwise_aliasing_by_pixel() {
   static const bool on = [] {
     const char* v = std::getenv("TFGRADS_DEPTHWISE_ALIASING");

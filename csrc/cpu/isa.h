@@ -30,6 +30,12 @@ bool avx512_enabled();
 // forces the per-step cells and ATen's GEMMs, to measure and test that path on any host.
 bool brgemm_allowed();
 
+// Non-temporal stores for the large outputs of the memory-bound kernels (worth_streaming in
+// widen.h), unless TFGRADS_DISABLE_STREAMING=1 makes them ordinary stores, so that both can be
+// measured on any host: which wins depends on whether the output could stay in the L3 (32 MiB
+// on the AMD hosts measured, 300 MiB on the Intel one). Results are the same either way.
+bool streaming_stores_allowed();
+
 // Whether the RNN's BRGEMM path runs here: compiled into ATen, supported by this CPU, allowed
 // (cudnn_rnn_brgemm.cpp).
 bool rnn_brgemm_available();

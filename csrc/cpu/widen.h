@@ -5,6 +5,8 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "cpu/isa.h"
+
 #if defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
@@ -52,9 +54,10 @@ inline void stream_fence() {}
 
 // Whether an output of this many bytes is worth non-temporal stores: beyond the two cores'
 // L2 caches, where a consumer could not find it in cache anyway (measured per kernel; a
-// kernel whose only other stream is its input passes a larger threshold, see its caller).
+// kernel whose only other stream is its input passes a larger threshold, see its caller), and
+// unless TFGRADS_DISABLE_STREAMING=1 (cpu/isa.h).
 inline bool worth_streaming(int64_t bytes, int64_t above = int64_t{4} << 20) {
-  return kCanStream && bytes > above;
+  return kCanStream && bytes > above && streaming_stores_allowed();
 }
 
 }  // namespace torch_tfgrads
