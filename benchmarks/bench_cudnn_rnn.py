@@ -114,15 +114,19 @@ def gemm_flops(mode, shape, D):
     return 2 * 3 * fwd * D  # forward, data gradient, weight gradient
 
 
+def direction_weight_bytes(mode, shape):
+    """A direction's W and R in float32 bytes: G*U rows of I + U."""
+    _, _, I, U = shape
+    return (4 if mode == "lstm" else 3) * U * (I + U) * 4
+
+
 def directions_in_turn(paths, mode, shape):
     """Whether a bidirectional layer of `shape` runs its directions one after the other, each
     over all threads: always on more than two threads, and on two when a direction's W and R
     exceed cpu_paths' rnn_directions_in_turn_above_bytes (else one direction per thread)."""
-    Tn, B, I, U = shape
     above = paths["rnn_directions_in_turn_above_bytes"]
-    G = 4 if mode == "lstm" else 3
     nt = torch.get_num_threads()
-    return nt > 2 or (nt == 2 and above < G * U * (I + U) * 4)
+    return nt > 2 or (nt == 2 and above < direction_weight_bytes(mode, shape))
 
 
 def step_path(paths, mode, shape, D):
@@ -133,15 +137,12 @@ def step_path(paths, mode, shape, D):
     each over all threads (BRGEMM's blocks, or the tiles with rows enough for each thread).
     Where BRGEMM runs, a direction that the threads share goes to the tiles while its W and R
     take at most rnn_tiles_before_brgemm_up_to_bytes (the 8-lane path; 0 elsewhere)."""
-    _, B, I, U = shape
     nt = torch.get_num_threads()
     turn = D == 2 and directions_in_turn(paths, mode, shape)
-    rows = B // nt  # per thread, when they share a direction
+    rows = shape[1] // nt  # per thread, when they share a direction
     enough = rows >= paths["rnn_tiled_steps_min_rows_per_thread"]
     if paths["rnn_brgemm"]:
-        small = (4 if mode == "lstm" else 3) * U * (I + U) * 4 <= paths[
-            "rnn_tiles_before_brgemm_up_to_bytes"
-        ]
+        small = direction_weight_bytes(mode, shape) <= paths["rnn_tiles_before_brgemm_up_to_bytes"]
         if nt > 1 and (D == 1 or turn) and enough and small:
             return "tiles in turn" if turn else "tiles"
         return "BRGEMM in turn" if turn else "BRGEMM"

@@ -17,6 +17,12 @@ std::string forced_capability() {
   return v == nullptr ? std::string() : std::string(v);
 }
 
+// A TFGRADS_DISABLE_* switch: unset, empty or "0" leaves the path on.
+bool not_disabled(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v).empty() || std::string(v) == "0";
+}
+
 }  // namespace
 
 bool cpu_has_avx512() {
@@ -45,18 +51,12 @@ bool avx512_enabled() {
 }
 
 bool brgemm_allowed() {
-  static const bool on = [] {
-    const char* v = std::getenv("TFGRADS_DISABLE_BRGEMM");
-    return v == nullptr || std::string(v).empty() || std::string(v) == "0";
-  }();
+  static const bool on = not_disabled("TFGRADS_DISABLE_BRGEMM");
   return on;
 }
 
 bool streaming_stores_allowed() {
-  static const bool on = [] {
-    const char* v = std::getenv("TFGRADS_DISABLE_STREAMING");
-    return v == nullptr || std::string(v).empty() || std::string(v) == "0";
-  }();
+  static const bool on = not_disabled("TFGRADS_DISABLE_STREAMING");
   return on;
 }
 
