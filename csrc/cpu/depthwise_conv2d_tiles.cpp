@@ -436,8 +436,7 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
         next.lo = last_src[r] + 1;
         next.hi = last_src[r + 1] + 1;
       }
-      // Channels in chunks of kChannelChunk: a tile's source pixels (tap rows x tile columns x
-      // chunk) stay within L1 however many channels there are.
+      // Channels in chunks of kChannelChunk (whole pixels up to 1024 channels).
       for (int64_t c0 = 0; c0 < p.C; c0 += kChannelChunk) {
         const int64_t c1 = std::min(p.C, c0 + kChannelChunk);
         for (const ColumnStep<scalar_t>& step : plan) {
