@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/channel_layout.h"
@@ -336,7 +337,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   const int64_t rows_per_chunk = std::max<int64_t>(
       1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
   const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
-  std::vector<A> part(static_cast<size_t>(chunks * F), A(0));
+  // Each chunk's partial is zeroed by the thread that fills it, in the parallel region.
+  std::unique_ptr<A[]> part(new A[static_cast<size_t>(chunks * F)]);
   // Source rows [first_new[i], last_src[i]] are those output row i reads that row i - 1 does
   // not (all of them for i = 0): the rows to prefetch one output row ahead. Prefetching all of
   // the next row's tap rows instead, most of them already in cache, spent much of the driver's
@@ -361,7 +363,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     std::vector<A> tmp;  // filter_grad_tile_by_pixel's accumulators
     for (int64_t ch = cb; ch < ce; ++ch) {
-      A* pc = part.data() + ch * F;
+      A* pc = part.get() + ch * F;
+      std::fill(pc, pc + F, A(0));
       for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr) {
         const int64_t n = nr / g.Ho, i = nr % g.Ho;
         const int64_t n1 = (nr + 1) / g.Ho, i1 = (nr + 1) % g.Ho;  // the next output row
@@ -416,8 +419,18 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
       }
     }
   });
+  // The partials summed in chunk order, a vector of filter values at a time (each value's sum
+  // is the same as one at a time; the loop over values one at a time was slow: strided loads).
   at::parallel_for(0, F, 2048, [&](int64_t b, int64_t e) {
-    for (int64_t f = b; f < e; ++f) {
+    using Vec = Vectorized<A>;
+    constexpr int64_t L = Vec::size();
+    int64_t f = b;
+    for (; f + L <= e; f += L) {
+      Vec s(A(0));
+      for (int64_t ch = 0; ch < chunks; ++ch) s = s + Vec::loadu(part.get() + ch * F + f);
+      Widen<scalar_t, A>::store(df + f, s);
+    }
+    for (; f < e; ++f) {
       A s = 0;
       for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * F + f];
       df[f] = static_cast<scalar_t>(s);
