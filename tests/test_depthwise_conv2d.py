@@ -134,6 +134,7 @@ def test_border_tiles_skip_the_padding(k, s, W, pads, C):
         (20, 121, 2),
         (256, 46, 1),
         (512, 33, 1),
+        (1024, 23, 1),
         (1040, 23, 1),
         (1060, 23, 1),
     ],
@@ -141,8 +142,9 @@ def test_border_tiles_skip_the_padding(k, s, W, pads, C):
 def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
     """Outputs beyond 4 MiB are written with non-temporal stores from a row buffer (also rows that
     are not 32-byte aligned: 20 channels), or straight from the two-vector narrow tiles (256 and
-    512 channels); more than 1024 channels are processed in chunks (1040: a chunk of 1024, then
-    one 16-lane vector; 1060, in 8 lanes: 1024, then 36, the last 4 of them one at a time)."""
+    512 channels); more than 64 channels are processed in chunks of 64 (1040: the last one a
+    single 16-lane vector; 1060, in 8 lanes: 36 channels, the last 4 one at a time), except
+    that the forward and input gradient take pixels of 4 KiB (1024 channels) whole."""
     case = make_case(
         N=2 if C > 64 else 4,
         H=H,
@@ -576,9 +578,10 @@ def _wide_calls():
     """Float channels-last layers whose sliding-window tiles take 16-lane vectors (C % 16 == 0):
     every tile width (12 for 3 taps, 10 for 5, 8, 4, and the 4-column two-vector tiles of
     layers whose pixels alias in L1), source steps 1 and 2, 1-5 column taps, SAME / VALID /
-    EXPLICIT padding, depth multiplier 2, channel tails (C = 80), a second channel chunk (1040), a
-    non-contiguous input, outputs large enough for non-temporal stores, and filter-gradient 3x3
-    runs of every length up to 16 at source steps 1 and 2, aliasing in L1 (256 / 512) or not."""
+    EXPLICIT padding, depth multiplier 2, channel tails after 64-channel chunks (C = 80, 1040),
+    whole 4 KiB pixels (1024), a non-contiguous input, outputs large enough for non-temporal
+    stores, and filter-gradient 3x3 runs of every length up to 16 at source steps 1 and 2,
+    aliasing in L1 (256 / 512) or not."""
     g = torch.Generator().manual_seed(7)
     layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
         (2, 13, 29, 16, 3, 3, 1, "SAME", 1),
@@ -596,6 +599,7 @@ def _wide_calls():
         (2, 6, 35, 32, 3, 3, 2, "VALID", 1),
         (2, 9, 26, 32, 5, 5, 1, "EXPLICIT", 1),
         (2, 5, 7, 1040, 3, 3, 1, "SAME", 1),
+        (2, 5, 7, 1024, 3, 3, 1, "SAME", 1),
     ]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:

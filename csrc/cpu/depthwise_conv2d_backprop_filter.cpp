@@ -375,7 +375,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
             tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
             tr.part[tr.n] = pc + rows.k[a] * g.fw * C;
           }
-          // Channels in chunks of kChannelChunk, as the correlation.
+          // Channels in chunks of kChannelChunk: a tile's pixels stay within L1.
           for (int64_t c0 = 0; c0 < C; c0 += by_pixel ? C : kChannelChunk) {
             const int64_t c1 = by_pixel ? C : std::min(C, c0 + kChannelChunk);
             for (int64_t q = 0; q < g.Wo;) {

@@ -418,11 +418,11 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // 13-column tile instead of 4-column ones and a tile that recomputes 3 pixels.
   const bool whole_13 = pd.wide && narrow_tiles;
   const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13);
+  const int64_t chunk = correlation_chunk<scalar_t>(p.C);  // channels per sweep of the tiles
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
     // Tile steps per row, roughly: the previous row goes out in that many slices.
-    const int64_t steps = std::max<int64_t>(1, p.Wd / 8) *
-                          ((p.C + kChannelChunk - 1) / kChannelChunk);
+    const int64_t steps = std::max<int64_t>(1, p.Wd / 8) * ((p.C + chunk - 1) / chunk);
     for (int64_t nr = begin; nr < end; ++nr) {
       const int64_t n = nr / p.Hd, r = nr % p.Hd;
       const scalar_t* simg = p.src + n * p.Hs * p.Ws * p.C;
@@ -436,9 +436,8 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
         next.lo = last_src[r] + 1;
         next.hi = last_src[r + 1] + 1;
       }
-      // Channels in chunks of kChannelChunk (whole pixels up to 1024 channels).
-      for (int64_t c0 = 0; c0 < p.C; c0 += kChannelChunk) {
-        const int64_t c1 = std::min(p.C, c0 + kChannelChunk);
+      for (int64_t c0 = 0; c0 < p.C; c0 += chunk) {
+        const int64_t c1 = std::min(p.C, c0 + chunk);
         for (const ColumnStep<scalar_t>& step : plan) {
           rows_out.step();
           step.fn(pd, simg, rk, rs, nrt, step.st, next, step.q, c0, c1, drow);
