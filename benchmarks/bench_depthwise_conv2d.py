@@ -4,9 +4,10 @@ PyTorch's grouped convolution (groups=C) on the same memory viewed as channels_l
 aten.convolution for the forward, aten.convolution_backward (input-only / weight-only masks) for
 the backprops.
 
-Shapes (N, H, W, C, k, s) are the issue's; padding SAME. Prints medians in ms, ours against the
-faster peer (target <= 1.00 everywhere), and our bytes/s (minimal traffic: each tensor read or
-written once) against a measured copy of the input's size.
+Shapes (N, H, W, C, k, s): the first four are the issue's, the fifth is MobileNetV1's last
+depthwise layer (1024 channels, 4 KiB pixels); padding SAME. Prints medians in ms, ours
+against the faster peer (target <= 1.00 everywhere), and our bytes/s (minimal traffic: each
+tensor read or written once) against a measured copy of the input's size.
 
     python benchmarks/bench_depthwise_conv2d.py                 # CPU, against TF and torch
     python benchmarks/bench_depthwise_conv2d.py --device cuda   # GPU, against torch
@@ -37,6 +38,7 @@ SHAPES = [
     (32, 28, 28, 256, 3, 2),
     (16, 112, 112, 32, 5, 1),
     (64, 14, 14, 512, 3, 1),
+    (32, 7, 7, 1024, 3, 1),
 ]
 GPU_SHAPES = [(64, 112, 112, 32, 3, 1), (32, 28, 28, 512, 5, 2)]  # added on cuda
 OPS = ("forward", "backprop_input", "backprop_filter")
