@@ -14,6 +14,7 @@
 
 #include "common/channel_layout.h"
 #include "common/depthwise_conv2d.h"
+#include "common/depthwise_conv2d_cells.h"
 #include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/depthwise_conv2d_cpu.h"
 #include "cpu/depthwise_conv2d_planes.h"
@@ -430,11 +431,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
       for (int64_t ch = 0; ch < chunks; ++ch) s = s + Vec::loadu(part.get() + ch * F + f);
       Widen<scalar_t, A>::store(df + f, s);
     }
-    for (; f < e; ++f) {
-      A s = 0;
-      for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * F + f];
-      df[f] = static_cast<scalar_t>(s);
-    }
+    for (; f < e; ++f)
+      df[f] = depthwise::filter_grad_chunks_sum<scalar_t>(part.get(), F, chunks, f);
   });
 }
 
