@@ -581,7 +581,9 @@ def _wide_calls():
     EXPLICIT padding, depth multiplier 2, channel tails after 64-channel chunks (C = 80, 1040),
     whole 4 KiB pixels (1024), a non-contiguous input, outputs large enough for non-temporal
     stores, and filter-gradient 3x3 runs of every length up to 16 at source steps 1 and 2,
-    aliasing in L1 (256 / 512) or not."""
+    aliasing in L1 (256 / 512) or not. The filter gradients of 3-column filters on rows of up
+    to 32 columns take whole-row passes on the AVX-512 path (filter_row_3x3): 1, 2 and 3 tap
+    rows, edge tiles of 1 and 2 column taps (SAME, EXPLICIT), source steps 1 and 2."""
     g = torch.Generator().manual_seed(7)
     layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
         (2, 13, 29, 16, 3, 3, 1, "SAME", 1),
@@ -600,6 +602,8 @@ def _wide_calls():
         (2, 9, 26, 32, 5, 5, 1, "EXPLICIT", 1),
         (2, 5, 7, 1040, 3, 3, 1, "SAME", 1),
         (2, 5, 7, 1024, 3, 3, 1, "SAME", 1),
+        (2, 6, 12, 48, 1, 3, 1, "SAME", 1),
+        (2, 7, 10, 64, 2, 3, 2, "SAME", 1),
     ]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:

@@ -9,6 +9,19 @@
 
 #include "cpu/isa.h"
 
+namespace torch_tfgrads {
+namespace depthwise_avx512 {
+
+// One tile of a filter-gradient row (filter_row_3x3): output columns [q, q + len) whose NC
+// column taps read consecutive source columns s0 + t * S + b, filter columns K0 + b.
+struct RowTile {
+  int64_t q, len, s0;
+  int nc, k0;
+};
+
+}  // namespace depthwise_avx512
+}  // namespace torch_tfgrads
+
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
 #include <immintrin.h>
 
@@ -75,7 +88,7 @@ int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, 
 // in whole vectors, added into parts[a] at filter columns ck[b]. The 3 - S source columns a
 // step shares with the next stay in registers. Returns the first channel not done.
 template <int S>
-int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int64_t* ck, int64_t s0,
+int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int64_t* ko, int64_t s0,
                        int64_t q, int64_t len, int64_t C, int64_t c, int64_t c1,
                        float* const* parts) {
   static_assert(S == 1 || S == 2, "source step 1 or 2");
@@ -99,7 +112,7 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
     }
     for (int a = 0; a < 3; ++a)
       for (int b = 0; b < 3; ++b) {
-        float* pp = parts[a] + ck[b] * C + c;
+        float* pp = parts[a] + ko[b] + c;
         _mm512_storeu_ps(pp, _mm512_add_ps(_mm512_loadu_ps(pp), acc[a][b]));
       }
   }
@@ -112,7 +125,7 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
 // stay in registers and each source vector is loaded once (pin_in_register). Per lane acc[b]
 // still sums t = 0..7 in order.
 template <int NC, int S>
-int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, int64_t s0, int64_t q,
+int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ko, int64_t s0, int64_t q,
                     int64_t C, int64_t c, int64_t c1, float* part) {
   constexpr int T = 8;
   constexpr int U = (T - 1) * S + NC;  // source columns of the tile
@@ -134,9 +147,75 @@ int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ck, in
       }
     }
     for (int b = 0; b < NC; ++b) {
-      float* pp = part + ck[b] * C + c;
+      float* pp = part + ko[b] + c;
       _mm512_storeu_ps(pp, _mm512_add_ps(_mm512_loadu_ps(pp), acc[b]));
     }
+  }
+  return c;
+}
+
+// The NR tap rows of one tile for the channel vector at xp[a] / dp (source rows xp, pixels C
+// apart): each (row, column tap) sums its products over the tile's columns from 0, in order, and
+// adds the sum into P[a][K0 + b]. The NC - S source columns a step shares with the next stay
+// in registers.
+template <int S, int NR, int NC, int K0>
+inline __attribute__((always_inline)) void filter_row_tile(const float* const* xp, const float* dp,
+                                                           const RowTile& tl, int64_t C,
+                                                           __m512 (&P)[NR][3]) {
+  constexpr int keep = NC - S > 0 ? NC - S : 0;
+  __m512 acc[NR][NC], xv[NR][NC];
+  for (int a = 0; a < NR; ++a)
+    for (int b = 0; b < NC; ++b) {
+      acc[a][b] = _mm512_setzero_ps();
+      if (b < keep) xv[a][b] = _mm512_loadu_ps(xp[a] + (tl.s0 + b) * C);
+    }
+  const float* d0 = dp + tl.q * C;
+  for (int64_t t = 0; t < tl.len; ++t) {
+    const __m512 d = _mm512_loadu_ps(d0 + t * C);
+#pragma GCC unroll 3
+    for (int a = 0; a < NR; ++a) {
+      for (int b = keep; b < NC; ++b) xv[a][b] = _mm512_loadu_ps(xp[a] + (tl.s0 + t * S + b) * C);
+      for (int b = 0; b < NC; ++b) acc[a][b] = _mm512_fmadd_ps(xv[a][b], d, acc[a][b]);
+      for (int b = 0; b < keep; ++b) xv[a][b] = xv[a][b + S];
+    }
+  }
+  for (int a = 0; a < NR; ++a)
+    for (int b = 0; b < NC; ++b) P[a][K0 + b] = _mm512_add_ps(P[a][K0 + b], acc[a][b]);
+}
+
+// Filter gradient of a whole output row of a 3-column filter, channels [c, c1) in whole
+// vectors: the NR tap rows xrows[a] (partial rows parts[a], filter columns ps apart) and the
+// row's tiles in order. Per lane the additions into the partial are the tiles' (filter_tile,
+// filter_run_3x3, filter_grad_run), in the same order, so the same bits; the partial is read
+// and written once per row instead of once per tile, and the edge tiles run in 16 lanes.
+// Returns the first channel not done. The tiles are of the kinds row_tiles_3x3 admits (NC
+// consecutive column taps from filter column K0, K0 + NC <= 3).
+template <int S, int NR>
+int64_t filter_row_3x3(const float* const* xrows, const float* dyrow, const RowTile* tiles,
+                       int64_t ntiles, int64_t C, int64_t c, int64_t c1, float* const* parts,
+                       int64_t ps) {
+  for (; c + 16 <= c1; c += 16) {
+    __m512 P[NR][3];
+    const float* xp[NR];
+    for (int a = 0; a < NR; ++a) {
+      xp[a] = xrows[a] + c;
+      for (int k = 0; k < 3; ++k) P[a][k] = _mm512_loadu_ps(parts[a] + k * ps + c);
+    }
+    for (int64_t i = 0; i < ntiles; ++i) {
+      const RowTile& tl = tiles[i];
+      const int kind = tl.nc * 4 + tl.k0;
+      switch (kind) {
+        case 3 * 4 + 0: filter_row_tile<S, NR, 3, 0>(xp, dyrow + c, tl, C, P); break;
+        case 2 * 4 + 0: filter_row_tile<S, NR, 2, 0>(xp, dyrow + c, tl, C, P); break;
+        case 2 * 4 + 1: filter_row_tile<S, NR, 2, 1>(xp, dyrow + c, tl, C, P); break;
+        case 1 * 4 + 0: filter_row_tile<S, NR, 1, 0>(xp, dyrow + c, tl, C, P); break;
+        case 1 * 4 + 1: filter_row_tile<S, NR, 1, 1>(xp, dyrow + c, tl, C, P); break;
+        case 1 * 4 + 2: filter_row_tile<S, NR, 1, 2>(xp, dyrow + c, tl, C, P); break;
+        default: break;
+      }
+    }
+    for (int a = 0; a < NR; ++a)
+      for (int k = 0; k < 3; ++k) _mm512_storeu_ps(parts[a] + k * ps + c, P[a][k]);
   }
   return c;
 }

@@ -25,6 +25,8 @@ namespace torch_tfgrads {
 namespace depthwise_cpu {
 namespace {
 
+using depthwise_avx512::RowTile;
+
 constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
 
 // ---- filter gradient, channels-last -----------------------------------------------------------
@@ -32,7 +34,7 @@ constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
 // [q, q + len) sharing q's NC column taps (shifted by sW per column), K channel vectors from c:
 //   part[kr, ck[b], c..] += sum_t x[h, cs[b] + t*sW, c..] * dy[i, q + t, c..]
 template <typename scalar_t, int NC, int K>
-inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ko,
                             const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
                             int64_t c, acc_t<scalar_t>* part) {
   using A = acc_t<scalar_t>;
@@ -55,7 +57,7 @@ inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const i
         acc[b][k] = at::vec::fmadd(Wd::load(xp + xo[b] + k * L), d[k], acc[b][k]);
   }
   for (int b = 0; b < NC; ++b) {
-    A* pp = part + ck[b] * C + c;
+    A* pp = part + ko[b] + c;
     for (int k = 0; k < K; ++k) (Vec::loadu(pp + k * L) + acc[b][k]).store(pp + k * L);
   }
 }
@@ -64,7 +66,7 @@ inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const i
 // dilation along W) at source step S: fully unrolled, so each source vector is loaded once and
 // reused by every (column, tap) pair that reads it (S = 1: 10 loads instead of 24 for 3 taps).
 template <typename scalar_t, int NC, int K, int S>
-inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ko,
                              int64_t s0, int64_t q, int64_t C, int64_t c, acc_t<scalar_t>* part) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
@@ -88,7 +90,7 @@ inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const 
         acc[b][k] = at::vec::fmadd(Wd::load(xp + (t * S + b) * C + k * L), d[k], acc[b][k]);
   }
   for (int b = 0; b < NC; ++b) {
-    A* pp = part + ck[b] * C + c;
+    A* pp = part + ko[b] + c;
     for (int k = 0; k < K; ++k) (Vec::loadu(pp + k * L) + acc[b][k]).store(pp + k * L);
   }
 }
@@ -97,7 +99,7 @@ inline void filter_grad_tile(const scalar_t* xrow, const scalar_t* dyrow, const 
 // vector), so each out_backprop vector is loaded once for all nine taps.
 template <typename scalar_t, int S, int T>
 inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* dyrow,
-                                 const int64_t* ck, int64_t s0, int64_t q, int64_t C, int64_t c,
+                                 const int64_t* ko, int64_t s0, int64_t q, int64_t C, int64_t c,
                                  acc_t<scalar_t>* const* parts) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
@@ -122,7 +124,7 @@ inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* d
   }
   for (int a = 0; a < 3; ++a)
     for (int b = 0; b < 3; ++b) {
-      A* pp = parts[a] + ck[b] * C + c;
+      A* pp = parts[a] + ko[b] + c;
       (Vec::loadu(pp) + acc[a][b]).store(pp);
     }
 }
@@ -133,7 +135,7 @@ inline void filter_grad_tile_3x3(const scalar_t* const* xrows, const scalar_t* d
 // step shares with the next stay in registers. Per lane the sums of filter_grad_run, in order.
 template <typename scalar_t, int S>
 inline void filter_grad_run_3x3(const scalar_t* const* xrows, const scalar_t* dyrow,
-                                const int64_t* ck, int64_t s0, int64_t q, int64_t len, int64_t C,
+                                const int64_t* ko, int64_t s0, int64_t q, int64_t len, int64_t C,
                                 int64_t c, acc_t<scalar_t>* const* parts) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
@@ -157,14 +159,14 @@ inline void filter_grad_run_3x3(const scalar_t* const* xrows, const scalar_t* dy
   }
   for (int a = 0; a < 3; ++a)
     for (int b = 0; b < 3; ++b) {
-      A* pp = parts[a] + ck[b] * C + c;
+      A* pp = parts[a] + ko[b] + c;
       (Vec::loadu(pp) + acc[a][b]).store(pp);
     }
 }
 
 // Any number of column taps, one channel at a time (edges of unusual filters, channel tails).
 template <typename scalar_t>
-inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ck,
+inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ko,
                                const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
                                int64_t C, int64_t c0, int64_t c1, acc_t<scalar_t>* part) {
   using A = acc_t<scalar_t>;
@@ -174,7 +176,7 @@ inline void filter_grad_scalar(const scalar_t* xrow, const scalar_t* dyrow, cons
       for (int64_t t = 0; t < len; ++t)
         acc += static_cast<A>(xrow[(cs[b] + t * sW) * C + c]) *
                static_cast<A>(dyrow[(q + t) * C + c]);
-      part[ck[b] * C + c] += acc;
+      part[ko[b] + c] += acc;
     }
   }
 }
@@ -190,7 +192,7 @@ struct TapRows {
 // All tap rows of one output row over the columns [q, q + len) (at most a tile), channel
 // block by channel block: the tile's pixels stay in L1 while every channel is done.
 template <typename scalar_t, int NC>
-void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
+void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ko,
                          const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
                          int64_t c0, int64_t c1, bool wide) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
@@ -209,16 +211,16 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (wide) {  // the same tiles in 16-lane vectors (one is a whole line)
       if (run_3x3) {
-        c = sW == 1 ? depthwise_avx512::filter_run_3x3<1>(rows.x, dyrow, ck, cs[0], q, len, C, c,
+        c = sW == 1 ? depthwise_avx512::filter_run_3x3<1>(rows.x, dyrow, ko, cs[0], q, len, C, c,
                                                           c1, rows.part)
-                    : depthwise_avx512::filter_run_3x3<2>(rows.x, dyrow, ck, cs[0], q, len, C, c,
+                    : depthwise_avx512::filter_run_3x3<2>(rows.x, dyrow, ko, cs[0], q, len, C, c,
                                                           c1, rows.part);
       } else if (consecutive && len == 8) {
         int64_t end = c;
         for (int64_t a = 0; a < rows.n; ++a)
-          end = sW == 1 ? depthwise_avx512::filter_tile<NC, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c,
+          end = sW == 1 ? depthwise_avx512::filter_tile<NC, 1>(rows.x[a], dyrow, ko, cs[0], q, C, c,
                                                                c1, rows.part[a])
-                        : depthwise_avx512::filter_tile<NC, 2>(rows.x[a], dyrow, ck, cs[0], q, C, c,
+                        : depthwise_avx512::filter_tile<NC, 2>(rows.x[a], dyrow, ko, cs[0], q, C, c,
                                                                c1, rows.part[a]);
         c = end;
       }
@@ -231,37 +233,37 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
     const auto* xr = rows.x;
     for (; c + L <= c1; c += L) {
       if (sW == 1 && len == 8)
-        filter_grad_tile_3x3<scalar_t, 1, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+        filter_grad_tile_3x3<scalar_t, 1, 8>(xr, dyrow, ko, cs[0], q, C, c, rows.part);
       else if (sW == 1 && len == 4)
-        filter_grad_tile_3x3<scalar_t, 1, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+        filter_grad_tile_3x3<scalar_t, 1, 4>(xr, dyrow, ko, cs[0], q, C, c, rows.part);
       else if (sW == 1)
-        filter_grad_run_3x3<scalar_t, 1>(xr, dyrow, ck, cs[0], q, len, C, c, rows.part);
+        filter_grad_run_3x3<scalar_t, 1>(xr, dyrow, ko, cs[0], q, len, C, c, rows.part);
       else if (len == 8)
-        filter_grad_tile_3x3<scalar_t, 2, 8>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+        filter_grad_tile_3x3<scalar_t, 2, 8>(xr, dyrow, ko, cs[0], q, C, c, rows.part);
       else if (len == 4)
-        filter_grad_tile_3x3<scalar_t, 2, 4>(xr, dyrow, ck, cs[0], q, C, c, rows.part);
+        filter_grad_tile_3x3<scalar_t, 2, 4>(xr, dyrow, ko, cs[0], q, C, c, rows.part);
       else
-        filter_grad_run_3x3<scalar_t, 2>(xr, dyrow, ck, cs[0], q, len, C, c, rows.part);
+        filter_grad_run_3x3<scalar_t, 2>(xr, dyrow, ko, cs[0], q, len, C, c, rows.part);
     }
   }
   if (consecutive && len == 8) {
     for (; c + K * L <= c1; c += K * L)
       for (int64_t a = 0; a < rows.n; ++a) {
         if (sW == 1)
-          filter_grad_tile<scalar_t, NC, K, 1>(rows.x[a], dyrow, ck, cs[0], q, C, c, rows.part[a]);
+          filter_grad_tile<scalar_t, NC, K, 1>(rows.x[a], dyrow, ko, cs[0], q, C, c, rows.part[a]);
         else
-          filter_grad_tile<scalar_t, NC, K, 2>(rows.x[a], dyrow, ck, cs[0], q, C, c, rows.part[a]);
+          filter_grad_tile<scalar_t, NC, K, 2>(rows.x[a], dyrow, ko, cs[0], q, C, c, rows.part[a]);
       }
   }
   for (; c + K * L <= c1; c += K * L)
     for (int64_t a = 0; a < rows.n; ++a)
-      filter_grad_run<scalar_t, NC, K>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
+      filter_grad_run<scalar_t, NC, K>(rows.x[a], dyrow, ko, cs, q, len, sW, C, c, rows.part[a]);
   for (; c + L <= c1; c += L)
     for (int64_t a = 0; a < rows.n; ++a)
-      filter_grad_run<scalar_t, NC, 1>(rows.x[a], dyrow, ck, cs, q, len, sW, C, c, rows.part[a]);
+      filter_grad_run<scalar_t, NC, 1>(rows.x[a], dyrow, ko, cs, q, len, sW, C, c, rows.part[a]);
   if (c < c1)
     for (int64_t a = 0; a < rows.n; ++a)
-      filter_grad_scalar(rows.x[a], dyrow, ck, cs, NC, q, len, sW, C, c, c1, rows.part[a]);
+      filter_grad_scalar(rows.x[a], dyrow, ko, cs, NC, q, len, sW, C, c, c1, rows.part[a]);
 }
 
 // The same sums for one tile of columns [q, q + len) (1 to 7 column taps, whole channel
@@ -273,7 +275,7 @@ void filter_grad_columns(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
 // these sweeps read each pixel's lines in a row.
 template <typename scalar_t>
 void filter_grad_tile_by_pixel(const TapRows<scalar_t>& rows, const scalar_t* dyrow,
-                               const int64_t* ck, const int64_t* cs, int64_t nc, int64_t q,
+                               const int64_t* ko, const int64_t* cs, int64_t nc, int64_t q,
                                int64_t len, int64_t sW, int64_t C, acc_t<scalar_t>* tmp) {
   using A = acc_t<scalar_t>;
   using Vec = Vectorized<A>;
@@ -286,7 +288,7 @@ void filter_grad_tile_by_pixel(const TapRows<scalar_t>& rows, const scalar_t* dy
       for (int64_t b = 0; b < nc; ++b) {
         const scalar_t* xp = rows.x[a] + (cs[b] + t * sW) * C;
         A* tp = tmp + (a * nc + b) * C;
-        A* pp = rows.part[a] + ck[b] * C;
+        A* pp = rows.part[a] + ko[b];
 #pragma GCC unroll 4
         for (int64_t c = 0; c < C; c += L) {
           const Vec sum = at::vec::fmadd(Wd::load(xp + c), Wd::load(dp + c),
@@ -302,12 +304,12 @@ void filter_grad_tile_by_pixel(const TapRows<scalar_t>& rows, const scalar_t* dy
 }
 
 template <typename scalar_t>
-void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ck,
+void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, const int64_t* ko,
                          const int64_t* cs, int64_t nc, int64_t q, int64_t len, int64_t sW,
                          int64_t C, int64_t c0, int64_t c1, bool wide) {
 #define TFGRADS_FG(NC) \
   case NC:             \
-    return filter_grad_columns<scalar_t, NC>(rows, dyrow, ck, cs, q, len, sW, C, c0, c1, wide);
+    return filter_grad_columns<scalar_t, NC>(rows, dyrow, ko, cs, q, len, sW, C, c0, c1, wide);
   switch (nc) {
     case 0:
       return;
@@ -320,9 +322,65 @@ void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
       TFGRADS_FG(7)
     default:
       for (int64_t a = 0; a < rows.n; ++a)
-        filter_grad_scalar(rows.x[a], dyrow, ck, cs, nc, q, len, sW, C, c0, c1, rows.part[a]);
+        filter_grad_scalar(rows.x[a], dyrow, ko, cs, nc, q, len, sW, C, c0, c1, rows.part[a]);
   }
 #undef TFGRADS_FG
+}
+
+// The columns of the next tile of a run (rest columns left, nc column taps): 8, then 4, then
+// the rest; more than 16 taps: the whole run, one channel at a time (filter_grad_scalar); with
+// merge_3, a 3-tap run's last 16 or fewer columns as one tile.
+inline int64_t tile_columns(int64_t rest, int64_t nc, bool merge_3) {
+  return nc > 16                            ? rest
+         : merge_3 && nc == 3 && rest <= 16 ? rest
+         : rest >= 8                        ? 8
+         : rest >= 4                        ? 4
+                                            : rest;
+}
+
+// The tiles of every output row (tile_columns) for filter_row_3x3, or none where it does not
+// apply: 3-column filters of at most 3 rows, taps on consecutive columns, source step 1 or 2,
+// short rows. On rows of up to 16 columns (or 32 at up to 128 channels) it took 0.64-0.87x the
+// time of the tiles; on longer rows the tiles, which keep a tile's pixels in L1 for all of a
+// chunk's channel vectors, were faster (perf notes).
+inline std::vector<RowTile> row_tiles_3x3(const Geometry& g, int64_t C, const AxisTaps& cols,
+                                          const std::vector<int64_t>& run, bool merge_3) {
+  std::vector<RowTile> tiles;
+  if (g.fw != 3 || g.fh > 3 || g.sW > 2 || !(g.Wo <= 16 || (g.Wo <= 32 && C <= 128))) return tiles;
+  for (int64_t q = 0; q < g.Wo; q += run[q]) {
+    const int64_t o = cols.offset[q], nc = cols.count(q);
+    for (int64_t t0 = 0, tl = 0; t0 < run[q]; t0 += tl) {
+      tl = tile_columns(run[q] - t0, nc, merge_3);
+      if (nc == 0) continue;
+      bool ok = nc <= 3 && cols.k[o] + nc <= 3;
+      for (int64_t b = 1; ok && b < nc; ++b)
+        ok = cols.src[o + b] == cols.src[o] + b && cols.k[o + b] == cols.k[o] + b;
+      if (!ok) return {};
+      tiles.push_back(
+          {q + t0, tl, cols.src[o] + t0 * g.sW, static_cast<int>(nc), static_cast<int>(cols.k[o])});
+    }
+  }
+  return tiles;
+}
+
+// One output row's sums for channels [c0, c1) through filter_row_3x3 (float, AVX-512; the tap
+// rows' partials have their filter columns ps apart).
+template <typename scalar_t>
+void filter_grad_row_3x3(const TapRows<scalar_t>& tr, const scalar_t* dyrow,
+                         const std::vector<RowTile>& tiles, int64_t sW, int64_t C, int64_t c0,
+                         int64_t c1, int64_t ps) {
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    using depthwise_avx512::filter_row_3x3;
+    using Kernel = int64_t (*)(const float* const*, const float*, const RowTile*, int64_t, int64_t,
+                               int64_t, int64_t, float* const*, int64_t);
+    static constexpr Kernel kernels[2][3] = {
+        {filter_row_3x3<1, 1>, filter_row_3x3<1, 2>, filter_row_3x3<1, 3>},
+        {filter_row_3x3<2, 1>, filter_row_3x3<2, 2>, filter_row_3x3<2, 3>}};
+    kernels[sW - 1][tr.n - 1](tr.x, dyrow, tiles.data(), static_cast<int64_t>(tiles.size()), C, c0,
+                              c1, tr.part, ps);
+  }
+#endif
 }
 
 // df[fh, fw, C] (M = 1) from x [N, H, W, C] and dy [N, Ho, Wo, C].
@@ -332,14 +390,18 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
                                const AxisTaps& cols) {
   using A = acc_t<scalar_t>;
   const std::vector<int64_t> run = shifted_runs(cols, g.Wo, 1, g.sW);
-  const int64_t R = g.N * g.Ho, F = g.fh * g.fw * C;
+  const int64_t R = g.N * g.Ho;
   const bool wide = std::is_same_v<scalar_t, float> && C % 16 == 0 && avx512_enabled();
   // Fixed chunks of rows (independent of the thread count): deterministic sums.
   const int64_t rows_per_chunk = std::max<int64_t>(
       1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
   const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
-  // Each chunk's partial is zeroed by the thread that fills it, in the parallel region.
-  std::unique_ptr<A[]> part(new A[static_cast<size_t>(chunks * F)]);
+  // Each chunk's partial is zeroed by the thread that fills it, in the parallel region. Its
+  // filter columns are ps apart: where pixels alias in L1, one line more than C, so that a
+  // partial's columns do not fall into the L1 sets of the pixels being read as well.
+  const int64_t ps = C + (pixels_alias_in_l1<scalar_t>(C) ? 64 / int64_t{sizeof(A)} : 0);
+  const int64_t taps = g.fh * g.fw, PF = taps * ps;
+  std::unique_ptr<A[]> part(new A[static_cast<size_t>(chunks * PF)]);
   // Source rows [first_new[i], last_src[i]] are those output row i reads that row i - 1 does
   // not (all of them for i = 0): the rows to prefetch one output row ahead. Prefetching all of
   // the next row's tap rows instead, most of them already in cache, spent much of the driver's
@@ -361,78 +423,100 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   for (int64_t i = 1; i < g.Ho; ++i) first_new[i] = last_src[i - 1] + 1;
   for (int64_t a = rows.offset[0]; a < rows.offset[1]; ++a)
     first_new[0] = std::min(first_new[0], rows.src[a]);
+  // The partial's offsets of the column taps.
+  std::vector<int64_t> kofs(cols.k.size());
+  for (size_t b = 0; b < kofs.size(); ++b) kofs[b] = cols.k[b] * ps;
+  // Short rows of 3-column filters on the AVX-512 path: each output row in one pass per channel
+  // vector (filter_row_3x3), where the row's tiles allow it.
+  const std::vector<RowTile> row_tiles = std::is_same_v<scalar_t, float> && wide
+                                             ? row_tiles_3x3(g, C, cols, run, merge_3)
+                                             : std::vector<RowTile>{};
+  // Adds output row nr's products into the chunk's partial pc.
+  auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp) {
+    const int64_t n = nr / g.Ho, i = nr % g.Ho;
+    const int64_t n1 = (nr + 1) / g.Ho, i1 = (nr + 1) % g.Ho;  // the next output row
+    const scalar_t* dyrow = dy + nr * g.Wo * C;
+    for (int64_t a0 = rows.offset[i]; a0 < rows.offset[i + 1]; a0 += 64) {
+      TapRows<scalar_t> tr;  // (more than 64 tap rows: in groups of 64)
+      for (int64_t a = a0; a < std::min(rows.offset[i + 1], a0 + 64); ++a, ++tr.n) {
+        tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
+        tr.part[tr.n] = pc + rows.k[a] * g.fw * ps;
+      }
+      if (!row_tiles.empty() && tr.n <= 3) {
+        // The next output row's new rows into L2 a chunk at a time, then the chunk's sums.
+        for (int64_t c0 = 0; c0 < C; c0 += kChannelChunk) {
+          const int64_t c1 = std::min(C, c0 + kChannelChunk);
+          if (nr + 1 < R) {
+            prefetch_pixels(dyrow + g.Wo * C, g.Wo, C, c0, c1, 1);
+            for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
+              prefetch_pixels(x + (n1 * g.H + h) * g.W * C, g.W, C, c0, c1, 1);
+          }
+          filter_grad_row_3x3(tr, dyrow, row_tiles, g.sW, C, c0, c1, ps);
+        }
+        continue;
+      }
+      // Channels in chunks of kChannelChunk: a tile's pixels stay within L1.
+      for (int64_t c0 = 0; c0 < C; c0 += by_pixel ? C : kChannelChunk) {
+        const int64_t c1 = by_pixel ? C : std::min(C, c0 + kChannelChunk);
+        for (int64_t q = 0; q < g.Wo;) {
+          const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
+          // Tiles of 8 (then 4) columns of a run share q's taps, shifted by sW per column.
+          for (int64_t t0 = 0, tl = 0; t0 < len; t0 += tl) {
+            int64_t cs[16];
+            const int64_t* src = cols.src.data() + o;
+            const bool fits = nc <= 16;
+            if (fits)
+              for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
+            tl = tile_columns(len - t0, nc, merge_3);
+            // The next output row's new rows into L2. (Also prefetching the next tile of
+            // this row into L1 made it slower or no faster at every shape tried.)
+            if (nr + 1 < R && fits && nc > 0 && !by_pixel) {
+              prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
+              for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
+                prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
+                                std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
+            }
+            if (by_pixel && nc > 0) {
+              const size_t need = static_cast<size_t>(tr.n * nc * C);
+              if (tmp.size() < need) tmp.resize(need);
+              filter_grad_tile_by_pixel(tr, dyrow, kofs.data() + o, cs, nc, q + t0, tl, g.sW, C,
+                                        tmp.data());
+            } else {
+              filter_grad_segment(tr, dyrow, kofs.data() + o, fits ? cs : src, nc, q + t0, tl, g.sW,
+                                  C, c0, c1, wide);
+            }
+            if (!fits) break;
+          }
+          q += len;
+        }
+      }
+    }
+  };
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     std::vector<A> tmp;  // filter_grad_tile_by_pixel's accumulators
     for (int64_t ch = cb; ch < ce; ++ch) {
-      A* pc = part.get() + ch * F;
-      std::fill(pc, pc + F, A(0));
-      for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr) {
-        const int64_t n = nr / g.Ho, i = nr % g.Ho;
-        const int64_t n1 = (nr + 1) / g.Ho, i1 = (nr + 1) % g.Ho;  // the next output row
-        const scalar_t* dyrow = dy + nr * g.Wo * C;
-        for (int64_t a0 = rows.offset[i]; a0 < rows.offset[i + 1]; a0 += 64) {
-          TapRows<scalar_t> tr;  // (more than 64 tap rows: in groups of 64)
-          for (int64_t a = a0; a < std::min(rows.offset[i + 1], a0 + 64); ++a, ++tr.n) {
-            tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
-            tr.part[tr.n] = pc + rows.k[a] * g.fw * C;
-          }
-          // Channels in chunks of kChannelChunk: a tile's pixels stay within L1.
-          for (int64_t c0 = 0; c0 < C; c0 += by_pixel ? C : kChannelChunk) {
-            const int64_t c1 = by_pixel ? C : std::min(C, c0 + kChannelChunk);
-            for (int64_t q = 0; q < g.Wo;) {
-              const int64_t len = run[q], o = cols.offset[q], nc = cols.count(q);
-              // Tiles of 8 (then 4) columns of a run share q's taps, shifted by sW per column.
-              for (int64_t t0 = 0, tl = 0; t0 < len; t0 += tl) {
-                int64_t cs[16];
-                const int64_t* src = cols.src.data() + o;
-                const bool fits = nc <= 16;
-                if (fits)
-                  for (int64_t b = 0; b < nc; ++b) cs[b] = src[b] + t0 * g.sW;
-                const int64_t rest = len - t0;
-                tl = !fits                              ? len
-                     : merge_3 && nc == 3 && rest <= 16 ? rest
-                     : rest >= 8                        ? 8
-                     : rest >= 4                        ? 4
-                                                        : rest;
-                // The next output row's new rows into L2. (Also prefetching the next tile of
-                // this row into L1 made it slower or no faster at every shape tried.)
-                if (nr + 1 < R && fits && nc > 0 && !by_pixel) {
-                  prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
-                  for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
-                    prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
-                                    std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
-                }
-                if (by_pixel && nc > 0) {
-                  const size_t need = static_cast<size_t>(tr.n * nc * C);
-                  if (tmp.size() < need) tmp.resize(need);
-                  filter_grad_tile_by_pixel(tr, dyrow, cols.k.data() + o, cs, nc, q + t0, tl, g.sW,
-                                            C, tmp.data());
-                } else {
-                  filter_grad_segment(tr, dyrow, cols.k.data() + o, fits ? cs : src, nc, q + t0, tl,
-                                      g.sW, C, c0, c1, wide);
-                }
-                if (!fits) break;
-              }
-              q += len;
-            }
-          }
-        }
-      }
+      A* pc = part.get() + ch * PF;
+      std::fill(pc, pc + PF, A(0));
+      for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr)
+        add_row(nr, pc, tmp);
     }
   });
   // The partials summed in chunk order, a vector of filter values at a time (each value's sum
   // is the same as one at a time; the loop over values one at a time was slow: strided loads).
-  at::parallel_for(0, F, 2048, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, taps, std::max<int64_t>(1, 2048 / C), [&](int64_t tb, int64_t te) {
     using Vec = Vectorized<A>;
     constexpr int64_t L = Vec::size();
-    int64_t f = b;
-    for (; f + L <= e; f += L) {
-      Vec s(A(0));
-      for (int64_t ch = 0; ch < chunks; ++ch) s = s + Vec::loadu(part.get() + ch * F + f);
-      Widen<scalar_t, A>::store(df + f, s);
+    for (int64_t t = tb; t < te; ++t) {
+      const A* pt = part.get() + t * ps;
+      int64_t c = 0;
+      for (; c + L <= C; c += L) {
+        Vec s(A(0));
+        for (int64_t ch = 0; ch < chunks; ++ch) s = s + Vec::loadu(pt + ch * PF + c);
+        Widen<scalar_t, A>::store(df + t * C + c, s);
+      }
+      for (; c < C; ++c)
+        df[t * C + c] = depthwise::filter_grad_chunks_sum<scalar_t>(pt, PF, chunks, c);
     }
-    for (; f < e; ++f)
-      df[f] = depthwise::filter_grad_chunks_sum<scalar_t>(part.get(), F, chunks, f);
   });
 }
 
