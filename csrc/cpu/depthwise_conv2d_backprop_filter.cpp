@@ -392,9 +392,13 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   const std::vector<int64_t> run = shifted_runs(cols, g.Wo, 1, g.sW);
   const int64_t R = g.N * g.Ho;
   const bool wide = std::is_same_v<scalar_t, float> && C % 16 == 0 && avx512_enabled();
-  // Fixed chunks of rows (independent of the thread count): deterministic sums.
-  const int64_t rows_per_chunk = std::max<int64_t>(
+  // Fixed chunks of rows (independent of the thread count): deterministic sums. Their number
+  // is rounded up to a multiple of 16 (exactly where the rows divide so), so that 2, 4, 8 or 16
+  // threads get as many chunks each: with 25 chunks one of two threads did 13 (perf notes).
+  const int64_t least_rows = std::max<int64_t>(
       1, std::max<int64_t>((R + 63) / 64, 65536 / std::max<int64_t>(1, g.Wo * C)));
+  const int64_t even_chunks = ((R + least_rows - 1) / least_rows + 15) / 16 * 16;
+  const int64_t rows_per_chunk = (R + even_chunks - 1) / even_chunks;
   const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
   // Each chunk's partial is zeroed by the thread that fills it, in the parallel region. Its
   // filter columns are ps apart: where pixels alias in L1, one line more than C, so that a
