@@ -85,8 +85,8 @@ int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, 
 
 // Filter gradient, 3x3 interior (filter_grad_run_3x3): the three tap rows xrows[a] of the
 // len output columns from q (source columns s0 + t * S + b) against dyrow, channels [c, c1)
-// in whole vectors, added into parts[a] at filter columns ck[b]. The 3 - S source columns a
-// step shares with the next stay in registers. Returns the first channel not done.
+// in whole vectors, added into parts[a] at offsets ko[b] (filter columns). The 3 - S source
+// columns a step shares with the next stay in registers. Returns the first channel not done.
 template <int S>
 int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int64_t* ko, int64_t s0,
                        int64_t q, int64_t len, int64_t C, int64_t c, int64_t c1,
@@ -121,9 +121,9 @@ int64_t filter_run_3x3(const float* const* xrows, const float* dyrow, const int6
 
 // Filter gradient, one tap row of an 8-column tile (filter_grad_tile): NC column taps reading
 // consecutive source columns s0 + t * S + b, channels [c, c1) in whole vectors, added into
-// part at filter columns ck[b]. Returns the first channel not done. The 8 out_backprop vectors
-// stay in registers and each source vector is loaded once (pin_in_register). Per lane acc[b]
-// still sums t = 0..7 in order.
+// part at offsets ko[b] (filter columns). Returns the first channel not done. The 8
+// out_backprop vectors stay in registers and each source vector is loaded once
+// (pin_in_register). Per lane acc[b] still sums t = 0..7 in order.
 template <int NC, int S>
 int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ko, int64_t s0, int64_t q,
                     int64_t C, int64_t c, int64_t c1, float* part) {

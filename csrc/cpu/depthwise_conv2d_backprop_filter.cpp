@@ -33,6 +33,8 @@ constexpr const char* kBwdFilter = "depthwise_conv2d_native_backprop_filter";
 // One row of out_backprop (n, i) against one source row (tap row kr): for the output columns
 // [q, q + len) sharing q's NC column taps (shifted by sW per column), K channel vectors from c:
 //   part[kr, ck[b], c..] += sum_t x[h, cs[b] + t*sW, c..] * dy[i, q + t, c..]
+// where the tap row's partial is `part` and filter column ck[b] starts at ko[b] in it (its
+// columns are the partial's stride ps apart, see filter_grad_channels_last).
 template <typename scalar_t, int NC, int K>
 inline void filter_grad_run(const scalar_t* xrow, const scalar_t* dyrow, const int64_t* ko,
                             const int64_t* cs, int64_t q, int64_t len, int64_t sW, int64_t C,
