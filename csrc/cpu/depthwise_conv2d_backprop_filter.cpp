@@ -434,9 +434,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   for (size_t b = 0; b < kofs.size(); ++b) kofs[b] = cols.k[b] * ps;
   // Short rows of 3-column filters on the AVX-512 path: each output row in one pass per channel
   // vector (filter_row_3x3), where the row's tiles allow it.
-  const std::vector<RowTile> row_tiles = std::is_same_v<scalar_t, float> && wide
-                                             ? row_tiles_3x3(g, C, cols, run, merge_3)
-                                             : std::vector<RowTile>{};
+  const std::vector<RowTile> row_tiles = wide ? row_tiles_3x3(g, C, cols, run, merge_3)
+                                              : std::vector<RowTile>{};
   // Adds output row nr's products into the chunk's partial pc.
   auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp) {
     const int64_t n = nr / g.Ho, i = nr % g.Ho;
@@ -449,7 +448,9 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
         tr.part[tr.n] = pc + rows.k[a] * g.fw * ps;
       }
       if (!row_tiles.empty() && tr.n <= 3) {
-        // The next output row's new rows into L2 a chunk at a time, then the chunk's sums.
+        // The next output row's new rows into L2 a chunk at a time, then the chunk's sums. (This
+        // and the tiles' prefetch below stay written out: one lambda for both made the tiles
+        // of 32,56,56,64 2x slower.)
         for (int64_t c0 = 0; c0 < C; c0 += kChannelChunk) {
           const int64_t c1 = std::min(C, c0 + kChannelChunk);
           if (nr + 1 < R) {
