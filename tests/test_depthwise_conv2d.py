@@ -221,14 +221,22 @@ def test_channel_widths_that_alias_in_l1_use_narrow_tiles(C, dtype, s):
 
 @pytest.mark.parametrize(
     "dtype,C,narrow",
-    [(torch.float32, 256, 248), (torch.float64, 128, 120), (torch.bfloat16, 512, 496)],
+    [
+        (torch.float32, 256, 248),
+        (torch.float32, 256, 251),
+        (torch.float64, 128, 120),
+        (torch.bfloat16, 512, 496),
+    ],
 )
 @pytest.mark.parametrize("W,k", [(10, (3, 3)), (6, (3, 3)), (6, (1, 3)), (9, (5, 5)), (7, (3, 2))])
 def test_filter_gradient_by_pixel_equals_the_tiles_bit_for_bit(dtype, C, narrow, W, k):
     """On the 8-lane path, layers whose pixels alias in L1 (C * itemsize a multiple of 1 KiB)
     sum the filter gradient pixel by pixel over all channels; other layers run the tiles. Each
     channel's sums depend on that channel alone, and at these widths both take the same tiles
-    (one per run), so the first `narrow` channels must come out the same bits either way."""
+    (one per run), so the first `narrow` channels must come out the same bits either way. Float
+    3-column filters on rows of up to 16 columns (W 6 and 10) take the direct order instead,
+    from packed blocks at 256 channels and in place at 248 or 251 (the last three channels one
+    at a time): the same bits too."""
     g = torch.Generator().manual_seed(W * 10 + k[1])
     x = torch.randn(3, 5, W, C, generator=g).to(dtype)
     f = torch.randn(k[0], k[1], C, 1, generator=g).to(dtype)
@@ -583,7 +591,9 @@ def _wide_calls():
     stores, and filter-gradient 3x3 runs of every length up to 16 at source steps 1 and 2,
     aliasing in L1 (256 / 512) or not. The filter gradients of 3-column filters on rows of up
     to 32 columns take whole-row passes on the AVX-512 path (filter_row_3x3): 1, 2 and 3 tap
-    rows, edge tiles of 1 and 2 column taps (SAME, EXPLICIT), source steps 1 and 2."""
+    rows, edge tiles of 1 and 2 column taps (SAME, EXPLICIT), source steps 1 and 2. At source
+    step 1 those rows sum in the direct order on both paths (the 8-lane path reading packed
+    blocks at 256 / 512 / 1024 channels, in place at 16-64 and 1040)."""
     g = torch.Generator().manual_seed(7)
     layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
         (2, 13, 29, 16, 3, 3, 1, "SAME", 1),
@@ -604,6 +614,8 @@ def _wide_calls():
         (2, 5, 7, 1024, 3, 3, 1, "SAME", 1),
         (2, 6, 12, 48, 1, 3, 1, "SAME", 1),
         (2, 7, 10, 64, 2, 3, 2, "SAME", 1),
+        (2, 8, 11, 32, 3, 3, 1, "EXPLICIT", 1),
+        (2, 6, 12, 48, 2, 3, 1, "SAME", 1),
     ]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:

@@ -156,9 +156,10 @@ int64_t filter_tile(const float* xrow, const float* dyrow, const int64_t* ko, in
 
 // The NR tap rows of one tile for the channel vector at xp[a] / dp (source rows xp, pixels C
 // apart): each (row, column tap) sums its products over the tile's columns from 0, in order, and
-// adds the sum into P[a][K0 + b]. The NC - S source columns a step shares with the next stay
-// in registers.
-template <int S, int NR, int NC, int K0>
+// adds the sum into P[a][K0 + b]; Direct: each product goes straight into P[a][K0 + b], in
+// column order (the direct order of direct_filter_rows). The NC - S source columns a step
+// shares with the next stay in registers.
+template <int S, int NR, int NC, int K0, bool Direct>
 inline __attribute__((always_inline)) void filter_row_tile(const float* const* xp, const float* dp,
                                                            const RowTile& tl, int64_t C,
                                                            __m512 (&P)[NR][3]) {
@@ -175,12 +176,18 @@ inline __attribute__((always_inline)) void filter_row_tile(const float* const* x
 #pragma GCC unroll 3
     for (int a = 0; a < NR; ++a) {
       for (int b = keep; b < NC; ++b) xv[a][b] = _mm512_loadu_ps(xp[a] + (tl.s0 + t * S + b) * C);
-      for (int b = 0; b < NC; ++b) acc[a][b] = _mm512_fmadd_ps(xv[a][b], d, acc[a][b]);
+      for (int b = 0; b < NC; ++b) {
+        if (Direct)
+          P[a][K0 + b] = _mm512_fmadd_ps(xv[a][b], d, P[a][K0 + b]);
+        else
+          acc[a][b] = _mm512_fmadd_ps(xv[a][b], d, acc[a][b]);
+      }
       for (int b = 0; b < keep; ++b) xv[a][b] = xv[a][b + S];
     }
   }
-  for (int a = 0; a < NR; ++a)
-    for (int b = 0; b < NC; ++b) P[a][K0 + b] = _mm512_add_ps(P[a][K0 + b], acc[a][b]);
+  if (!Direct)
+    for (int a = 0; a < NR; ++a)
+      for (int b = 0; b < NC; ++b) P[a][K0 + b] = _mm512_add_ps(P[a][K0 + b], acc[a][b]);
 }
 
 // Filter gradient of a whole output row of a 3-column filter, channels [c, c1) in whole
@@ -188,9 +195,10 @@ inline __attribute__((always_inline)) void filter_row_tile(const float* const* x
 // row's tiles in order. Per lane the additions into the partial are the tiles' (filter_tile,
 // filter_run_3x3, filter_grad_run), in the same order, so the same bits; the partial is read
 // and written once per row instead of once per tile, and the edge tiles run in 16 lanes.
+// Direct: the direct order instead, the same bits as the 8-lane direct_filter_rows.
 // Returns the first channel not done. The tiles are of the kinds row_tiles_3x3 admits (NC
 // consecutive column taps from filter column K0, K0 + NC <= 3).
-template <int S, int NR>
+template <int S, int NR, bool Direct>
 int64_t filter_row_3x3(const float* const* xrows, const float* dyrow, const RowTile* tiles,
                        int64_t ntiles, int64_t C, int64_t c, int64_t c1, float* const* parts,
                        int64_t ps) {
@@ -205,12 +213,12 @@ int64_t filter_row_3x3(const float* const* xrows, const float* dyrow, const RowT
       const RowTile& tl = tiles[i];
       const int kind = tl.nc * 4 + tl.k0;
       switch (kind) {
-        case 3 * 4 + 0: filter_row_tile<S, NR, 3, 0>(xp, dyrow + c, tl, C, P); break;
-        case 2 * 4 + 0: filter_row_tile<S, NR, 2, 0>(xp, dyrow + c, tl, C, P); break;
-        case 2 * 4 + 1: filter_row_tile<S, NR, 2, 1>(xp, dyrow + c, tl, C, P); break;
-        case 1 * 4 + 0: filter_row_tile<S, NR, 1, 0>(xp, dyrow + c, tl, C, P); break;
-        case 1 * 4 + 1: filter_row_tile<S, NR, 1, 1>(xp, dyrow + c, tl, C, P); break;
-        case 1 * 4 + 2: filter_row_tile<S, NR, 1, 2>(xp, dyrow + c, tl, C, P); break;
+        case 3 * 4 + 0: filter_row_tile<S, NR, 3, 0, Direct>(xp, dyrow + c, tl, C, P); break;
+        case 2 * 4 + 0: filter_row_tile<S, NR, 2, 0, Direct>(xp, dyrow + c, tl, C, P); break;
+        case 2 * 4 + 1: filter_row_tile<S, NR, 2, 1, Direct>(xp, dyrow + c, tl, C, P); break;
+        case 1 * 4 + 0: filter_row_tile<S, NR, 1, 0, Direct>(xp, dyrow + c, tl, C, P); break;
+        case 1 * 4 + 1: filter_row_tile<S, NR, 1, 1, Direct>(xp, dyrow + c, tl, C, P); break;
+        case 1 * 4 + 2: filter_row_tile<S, NR, 1, 2, Direct>(xp, dyrow + c, tl, C, P); break;
         default: break;
       }
     }

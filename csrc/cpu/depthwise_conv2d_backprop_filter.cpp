@@ -329,62 +329,6 @@ void filter_grad_segment(const TapRows<scalar_t>& rows, const scalar_t* dyrow, c
 #undef TFGRADS_FG
 }
 
-// The columns of the next tile of a run (rest columns left, nc column taps): 8, then 4, then
-// the rest; more than 16 taps: the whole run, one channel at a time (filter_grad_scalar); with
-// merge_3, a 3-tap run's last 16 or fewer columns as one tile.
-inline int64_t tile_columns(int64_t rest, int64_t nc, bool merge_3) {
-  return nc > 16                            ? rest
-         : merge_3 && nc == 3 && rest <= 16 ? rest
-         : rest >= 8                        ? 8
-         : rest >= 4                        ? 4
-                                            : rest;
-}
-
-// The tiles of every output row (tile_columns) for filter_row_3x3, or none where it does not
-// apply: 3-column filters of at most 3 rows, taps on consecutive columns, source step 1 or 2,
-// short rows. On rows of up to 16 columns (or 32 at up to 128 channels) it took 0.64-0.87x the
-// time of the tiles; on longer rows the tiles, which keep a tile's pixels in L1 for all of a
-// chunk's channel vectors, were faster (perf notes).
-inline std::vector<RowTile> row_tiles_3x3(const Geometry& g, int64_t C, const AxisTaps& cols,
-                                          const std::vector<int64_t>& run, bool merge_3) {
-  std::vector<RowTile> tiles;
-  if (g.fw != 3 || g.fh > 3 || g.sW > 2 || !(g.Wo <= 16 || (g.Wo <= 32 && C <= 128))) return tiles;
-  for (int64_t q = 0; q < g.Wo; q += run[q]) {
-    const int64_t o = cols.offset[q], nc = cols.count(q);
-    for (int64_t t0 = 0, tl = 0; t0 < run[q]; t0 += tl) {
-      tl = tile_columns(run[q] - t0, nc, merge_3);
-      if (nc == 0) continue;
-      bool ok = nc <= 3 && cols.k[o] + nc <= 3;
-      for (int64_t b = 1; ok && b < nc; ++b)
-        ok = cols.src[o + b] == cols.src[o] + b && cols.k[o + b] == cols.k[o] + b;
-      if (!ok) return {};
-      tiles.push_back(
-          {q + t0, tl, cols.src[o] + t0 * g.sW, static_cast<int>(nc), static_cast<int>(cols.k[o])});
-    }
-  }
-  return tiles;
-}
-
-// One output row's sums for channels [c0, c1) through filter_row_3x3 (float, AVX-512; the tap
-// rows' partials have their filter columns ps apart).
-template <typename scalar_t>
-void filter_grad_row_3x3(const TapRows<scalar_t>& tr, const scalar_t* dyrow,
-                         const std::vector<RowTile>& tiles, int64_t sW, int64_t C, int64_t c0,
-                         int64_t c1, int64_t ps) {
-#ifdef TFGRADS_HAVE_AVX512_KERNELS
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    using depthwise_avx512::filter_row_3x3;
-    using Kernel = int64_t (*)(const float* const*, const float*, const RowTile*, int64_t, int64_t,
-                               int64_t, int64_t, float* const*, int64_t);
-    static constexpr Kernel kernels[2][3] = {
-        {filter_row_3x3<1, 1>, filter_row_3x3<1, 2>, filter_row_3x3<1, 3>},
-        {filter_row_3x3<2, 1>, filter_row_3x3<2, 2>, filter_row_3x3<2, 3>}};
-    kernels[sW - 1][tr.n - 1](tr.x, dyrow, tiles.data(), static_cast<int64_t>(tiles.size()), C, c0,
-                              c1, tr.part, ps);
-  }
-#endif
-}
-
 // df[fh, fw, C] (M = 1) from x [N, H, W, C] and dy [N, Ho, Wo, C].
 template <typename scalar_t>
 void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* df,
@@ -432,10 +376,16 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   // The partial's offsets of the column taps.
   std::vector<int64_t> kofs(cols.k.size());
   for (size_t b = 0; b < kofs.size(); ++b) kofs[b] = cols.k[b] * ps;
-  // Short rows of 3-column filters on the AVX-512 path: each output row in one pass per channel
-  // vector (filter_row_3x3), where the row's tiles allow it.
-  const std::vector<RowTile> row_tiles = wide ? row_tiles_3x3(g, C, cols, run, merge_3)
-                                              : std::vector<RowTile>{};
+  // Short rows of 3-column filters: on the AVX-512 path each output row in one pass per channel
+  // vector (filter_row_3x3), where the row's tiles allow it. At source step 1 (and the row
+  // lengths direct_filter_rows_apply takes), every path sums them in the direct order (each
+  // product straight into its tap's sum; filter_row_3x3<.., true>, and on the 8-lane path
+  // direct_filter_rows, which keeps a vector's nine sums in registers across the chunk): the
+  // tiles' order needs 9 more registers than 8-lane code has.
+  const bool is_float = std::is_same_v<scalar_t, float>;
+  const std::vector<RowTile> row_tiles = is_float ? row_tiles_3x3(g, C, cols, run, merge_3)
+                                                  : std::vector<RowTile>{};
+  const bool direct = is_float && direct_filter_rows_apply(g, C, row_tiles);
   // Adds output row nr's products into the chunk's partial pc.
   auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp) {
     const int64_t n = nr / g.Ho, i = nr % g.Ho;
@@ -447,7 +397,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
         tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
         tr.part[tr.n] = pc + rows.k[a] * g.fw * ps;
       }
-      if (!row_tiles.empty() && tr.n <= 3) {
+      if (wide && !row_tiles.empty() && tr.n <= 3) {
         // The next output row's new rows into L2 a chunk at a time, then the chunk's sums. (This
         // and the tiles' prefetch below stay written out: one lambda for both made the tiles
         // of 32,56,56,64 2x slower.)
@@ -458,7 +408,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
             for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
               prefetch_pixels(x + (n1 * g.H + h) * g.W * C, g.W, C, c0, c1, 1);
           }
-          filter_grad_row_3x3(tr, dyrow, row_tiles, g.sW, C, c0, c1, ps);
+          if constexpr (std::is_same_v<scalar_t, float>)
+            filter_row_pass(tr.x, tr.part, tr.n, dyrow, row_tiles, g.sW, C, c0, c1, ps, direct);
         }
         continue;
       }
@@ -500,12 +451,18 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
     }
   };
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
-    std::vector<A> tmp;  // filter_grad_tile_by_pixel's accumulators
+    std::vector<A> tmp;  // filter_grad_tile_by_pixel's accumulators, or direct_filter_rows' blocks
     for (int64_t ch = cb; ch < ce; ++ch) {
       A* pc = part.get() + ch * PF;
       std::fill(pc, pc + PF, A(0));
-      for (int64_t nr = ch * rows_per_chunk; nr < std::min(R, (ch + 1) * rows_per_chunk); ++nr)
-        add_row(nr, pc, tmp);
+      const int64_t r0 = ch * rows_per_chunk, r1 = std::min(R, (ch + 1) * rows_per_chunk);
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (direct && !wide) {
+          direct_filter_rows(x, dy, g, C, rows, cols, r0, r1, pc, ps, tmp);
+          continue;
+        }
+      }
+      for (int64_t nr = r0; nr < r1; ++nr) add_row(nr, pc, tmp);
     }
   });
   // The partials summed in chunk order, a vector of filter values at a time (each value's sum

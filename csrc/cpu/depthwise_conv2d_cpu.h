@@ -15,6 +15,9 @@
 #include "cpu/widen.h"
 
 namespace torch_tfgrads {
+namespace depthwise_avx512 {
+struct RowTile;
+}  // namespace depthwise_avx512
 namespace depthwise_cpu {
 
 using depthwise::AxisTaps;
@@ -133,6 +136,39 @@ template <typename scalar_t>
 bool aliasing_by_pixel(const Correlation<scalar_t>& p);
 template <typename scalar_t>
 void correlate_by_pixel(const Correlation<scalar_t>& p, bool ascending_columns = false);
+
+// The columns of the next tile of a run (rest columns left, nc column taps): 8, then 4, then
+// the rest; more than 16 taps: the whole run, one channel at a time (filter_grad_scalar); with
+// merge_3, a 3-tap run's last 16 or fewer columns as one tile.
+inline int64_t tile_columns(int64_t rest, int64_t nc, bool merge_3) {
+  return nc > 16                            ? rest
+         : merge_3 && nc == 3 && rest <= 16 ? rest
+         : rest >= 8                        ? 8
+         : rest >= 4                        ? 4
+                                            : rest;
+}
+
+// The filter gradient of short rows (depthwise_conv2d_filter_rows.cpp). The tiles of every
+// output row (tile_columns) for the AVX-512 row pass (filter_row_pass), or none where it does
+// not apply: 3-column filters of at most 3 rows, taps on consecutive columns, source step 1 or
+// 2, short rows.
+std::vector<depthwise_avx512::RowTile> row_tiles_3x3(const Geometry& g, int64_t C,
+                                                     const AxisTaps& cols,
+                                                     const std::vector<int64_t>& run, bool merge_3);
+// One output row's sums for channels [c0, c1) in filter_row_3x3 (AVX-512; its n tap rows x[a]
+// add into partial rows part[a], filter columns ps apart), in the direct order or the tiles'.
+void filter_row_pass(const float* const* x, float* const* part, int64_t n, const float* dyrow,
+                     const std::vector<depthwise_avx512::RowTile>& tiles, int64_t sW, int64_t C,
+                     int64_t c0, int64_t c1, int64_t ps, bool direct);
+// The filter gradient in the direct order on the 8-lane path (float): whether a layer whose
+// rows' tiles are `tiles` (row_tiles_3x3) takes that order (on every path: filter_row_3x3 too),
+// and the sums of output rows [r0, r1) (of N * Ho) into a chunk's partial pc (filter taps ps
+// apart), buf the thread's scratch (depthwise_conv2d_filter_rows.cpp).
+bool direct_filter_rows_apply(const Geometry& g, int64_t C,
+                              const std::vector<depthwise_avx512::RowTile>& tiles);
+void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int64_t C,
+                        const AxisTaps& rows, const AxisTaps& cols, int64_t r0, int64_t r1,
+                        float* pc, int64_t ps, std::vector<float>& buf);
 
 // [.., C] -> [.., C*M], each channel repeated M times (output channel c*M+m reads channel c).
 inline at::Tensor repeat_channels(const at::Tensor& t_cl, int64_t M) {
