@@ -80,10 +80,10 @@ template <typename V>
 inline __attribute__((always_inline)) void column_taps(const float* xr, const V& d,
                                                        const ColumnTaps& ct, int64_t px, V& p0,
                                                        V& p1, V& p2) {
-  const float* xs = xr + ct.s0 * px;
-  if (ct.klo == 0 && ct.khi > 0) p0 = fma_(V::loadu(xs), d, p0);
-  if (ct.klo <= 1 && ct.khi > 1) p1 = fma_(V::loadu(xs + px), d, p1);
-  if (ct.khi > 2) p2 = fma_(V::loadu(xs + 2 * px), d, p2);
+  // (Each address formed only for a tap that exists: s0 is -1 or -2 at a left border.)
+  if (ct.klo == 0 && ct.khi > 0) p0 = fma_(V::loadu(xr + ct.s0 * px), d, p0);
+  if (ct.klo <= 1 && ct.khi > 1) p1 = fma_(V::loadu(xr + (ct.s0 + 1) * px), d, p1);
+  if (ct.khi > 2) p2 = fma_(V::loadu(xr + (ct.s0 + 2) * px), d, p2);
 }
 
 // One output row's products, columns in order: the edge columns (some filter columns clipped)
@@ -275,24 +275,10 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
       for (int64_t b = 0; b < nb; ++b)
         for (int64_t v = 0; v < kBlock; v += L) {
           const int64_t c = c0 + b * kBlock + v;
-          const Segment sg = dy_in_place ? Segment{xb + b * xbs + v,
-                                                   dyimg + c,
-                                                   g.W * kBlock,
-                                                   g.Wo * C,
-                                                   kBlock,
-                                                   lo,
-                                                   i0,
-                                                   i1,
-                                                   C}
-                                         : Segment{xb + b * xbs + v,
-                                                   db + b * dbs + v,
-                                                   g.W * kBlock,
-                                                   g.Wo * kBlock,
-                                                   kBlock,
-                                                   lo,
-                                                   i0,
-                                                   i1,
-                                                   kBlock};
+          const float* d0 = dy_in_place ? dyimg + c : db + b * dbs + v;
+          const int64_t drs = dy_in_place ? g.Wo * C : g.Wo * kBlock;
+          const Segment sg{xb + b * xbs + v,        d0, g.W * kBlock, drs, kBlock, lo, i0, i1,
+                           dy_in_place ? C : kBlock};
           direct_rows<Vec>(sg, rows, g.fh, ct, g.Wo, ja, jb, pc + c, ps);
         }
     }
