@@ -386,6 +386,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   const std::vector<RowTile> row_tiles = is_float ? row_tiles_3x3(g, C, cols, run, merge_3)
                                                   : std::vector<RowTile>{};
   const bool direct = is_float && direct_filter_rows_apply(g, C, row_tiles);
+  // On the AVX-512 path the row pass stays where direct_filter_rows in 16 lanes was slower.
+  const bool direct_rows_in_16_lanes = wide && direct && direct_filter_rows_wide(g, C);
   // Adds output row nr's products into the chunk's partial pc.
   auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp) {
     const int64_t n = nr / g.Ho, i = nr % g.Ho;
@@ -457,8 +459,8 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
       std::fill(pc, pc + PF, A(0));
       const int64_t r0 = ch * rows_per_chunk, r1 = std::min(R, (ch + 1) * rows_per_chunk);
       if constexpr (std::is_same_v<scalar_t, float>) {
-        if (direct && !wide) {
-          direct_filter_rows(x, dy, g, C, rows, cols, r0, r1, pc, ps, tmp);
+        if (direct && (!wide || direct_rows_in_16_lanes)) {
+          direct_filter_rows(x, dy, g, C, rows, cols, r0, r1, pc, ps, tmp, wide);
           continue;
         }
       }

@@ -166,9 +166,12 @@ void filter_row_pass(const float* const* x, float* const* part, int64_t n, const
 // apart), buf the thread's scratch (depthwise_conv2d_filter_rows.cpp).
 bool direct_filter_rows_apply(const Geometry& g, int64_t C,
                               const std::vector<depthwise_avx512::RowTile>& tiles);
+// Whether the AVX-512 path runs direct_filter_rows (wide = true, 16 lanes) rather than the row
+// pass (filter_row_pass) for such a layer; the two give the same bits.
+bool direct_filter_rows_wide(const Geometry& g, int64_t C);
 void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int64_t C,
                         const AxisTaps& rows, const AxisTaps& cols, int64_t r0, int64_t r1,
-                        float* pc, int64_t ps, std::vector<float>& buf);
+                        float* pc, int64_t ps, std::vector<float>& buf, bool wide = false);
 
 // [.., C] -> [.., C*M], each channel repeated M times (output channel c*M+m reads channel c).
 inline at::Tensor repeat_channels(const at::Tensor& t_cl, int64_t M) {

@@ -1,9 +1,10 @@
 // The filter gradient of short rows of 3-column filters: the row plan of the AVX-512 row pass
-// (row_tiles_3x3, filter_row_pass), and on the 8-lane path, at source step 1, the direct order:
-// every product goes straight into its filter tap's sum, rows in order, each row's columns in
-// order, the nine sums of a vector of channels held in registers across a chunk's rows
-// (filter_row_3x3<.., true> adds in the same order in 16 lanes, so both paths agree bit for
-// bit).
+// (row_tiles_3x3, filter_row_pass), and at source step 1 the direct order: every product goes
+// straight into its filter tap's sum, rows in order, each row's columns in order, the nine sums
+// of a vector of channels held in registers across a chunk's rows (direct_filter_rows, with
+// the sums of depthwise_conv2d_filter_rows_sums.h in 8 lanes, or in 16 on the AVX-512 path
+// where that beat the row pass; filter_row_3x3<.., true> adds in the same order, so every path
+// gives the same bits).
 //
 // Where pixels alias in L1 (256, 512, 1024 float channels) a chunk's rows are first copied, a
 // range of channels at a time, into blocks of 16 channels (one 64-byte line per pixel, a block's
@@ -12,6 +13,7 @@
 // copy reads each pixel's channels in a row and uses each line once; the sums then run from L1.
 // (out_backprop, read once per vector, is copied too except at 4 KiB pixels.)
 #include <ATen/cpu/vec/vec.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +22,7 @@
 
 #include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/depthwise_conv2d_cpu.h"
+#include "cpu/isa.h"
 
 namespace torch_tfgrads {
 namespace depthwise_cpu {
@@ -75,114 +78,29 @@ struct ColumnTaps {
   int klo, khi;
 };
 
-// One filter row's three sums against source row xr, for one column's taps.
-template <typename V>
-inline __attribute__((always_inline)) void column_taps(const float* xr, const V& d,
-                                                       const ColumnTaps& ct, int64_t px, V& p0,
-                                                       V& p1, V& p2) {
-  // (Each address formed only for a tap that exists: s0 is -1 or -2 at a left border.)
-  if (ct.klo == 0 && ct.khi > 0) p0 = fma_(V::loadu(xr + ct.s0 * px), d, p0);
-  if (ct.klo <= 1 && ct.khi > 1) p1 = fma_(V::loadu(xr + (ct.s0 + 1) * px), d, p1);
-  if (ct.khi > 2) p2 = fma_(V::loadu(xr + (ct.s0 + 2) * px), d, p2);
-}
+namespace lanes8 {
+#include "cpu/depthwise_conv2d_filter_rows_sums.h"  // NOLINT(build/include)
+}  // namespace lanes8
 
-// One filter row's sums of filter columns [KLO, KHI) for one column; xs: filter column KLO's
-// source pixel (the next ones px apart).
-template <typename V, int KLO, int KHI>
-inline __attribute__((always_inline)) void fixed_taps(const float* xs, const V& d, int64_t px,
-                                                      V& p0, V& p1, V& p2) {
-  if constexpr (KLO == 0) p0 = fma_(V::loadu(xs), d, p0);
-  if constexpr (KLO <= 1 && KHI > 1) p1 = fma_(V::loadu(xs + (1 - KLO) * px), d, p1);
-  if constexpr (KHI > 2) p2 = fma_(V::loadu(xs + (2 - KLO) * px), d, p2);
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
+TFGRADS_AVX512_BEGIN
+namespace lanes16 {
+// A 16-lane vector for the sums' templates: the same fused multiply-add per lane.
+struct V16 {
+  __m512 v;
+  static V16 loadu(const float* p) { return {_mm512_loadu_ps(p)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+};
+inline V16 fma_(const V16& a, const V16& b, const V16& c) {
+  return {_mm512_fmadd_ps(a.v, b.v, c.v)};
 }
+#include "cpu/depthwise_conv2d_filter_rows_sums.h"  // NOLINT(build/include)
+}  // namespace lanes16
+TFGRADS_AVX512_END
+#endif
 
-// The three filter rows' (those in MASK) sums of filter columns [KLO, KHI) for one column whose
-// filter column KLO reads pixel o of each source row xr[kr].
-template <typename V, int MASK, int KLO, int KHI>
-inline __attribute__((always_inline)) void fixed_column(const float* const* xr, int64_t o,
-                                                        const V& d, int64_t px, V& p00, V& p01,
-                                                        V& p02, V& p10, V& p11, V& p12, V& p20,
-                                                        V& p21, V& p22) {
-  if (MASK & 1) fixed_taps<V, KLO, KHI>(xr[0] + o, d, px, p00, p01, p02);
-  if (MASK & 2) fixed_taps<V, KLO, KHI>(xr[1] + o, d, px, p10, p11, p12);
-  if (MASK & 4) fixed_taps<V, KLO, KHI>(xr[2] + o, d, px, p20, p21, p22);
-}
-
-// One output row's products, columns in order: the edge columns (some filter columns clipped)
-// tap by tap, the interior columns [ja, jb) (all three filter columns) straight. MASK bit kr:
-// filter row kr has a tap in this row, source row xr[kr]. SAME1: the columns of a 3x3 SAME
-// layer at source step 1 (one edge column on each side, filter columns 1-2 and 0-1), whose
-// edges then need no tests per tap (0.89-0.97x the time).
-template <typename V, int MASK, bool SAME1>
-inline __attribute__((always_inline)) void
-direct_row(const float* const* xr, const float* dr, int64_t px, int64_t dpx, const ColumnTaps* cols,
-           int64_t Wo, int64_t ja, int64_t jb, V& p00, V& p01, V& p02, V& p10, V& p11, V& p12,
-           V& p20, V& p21, V& p22) {
-  const auto edge = [&](int64_t j) {
-    const V d = V::loadu(dr + j * dpx);
-    if (MASK & 1) column_taps<V>(xr[0], d, cols[j], px, p00, p01, p02);
-    if (MASK & 2) column_taps<V>(xr[1], d, cols[j], px, p10, p11, p12);
-    if (MASK & 4) column_taps<V>(xr[2], d, cols[j], px, p20, p21, p22);
-  };
-  if constexpr (SAME1)
-    fixed_column<V, MASK, 1, 3>(xr, 0, V::loadu(dr), px, p00, p01, p02, p10, p11, p12, p20, p21,
-                                p22);
-  else
-    for (int64_t j = 0; j < ja; ++j) edge(j);
-  const int64_t s0 = ja < jb ? cols[ja].s0 * px : 0;
-  for (int64_t j = ja; j < jb; ++j)
-    fixed_column<V, MASK, 0, 3>(xr, s0 + (j - ja) * px, V::loadu(dr + j * dpx), px, p00, p01, p02,
-                                p10, p11, p12, p20, p21, p22);
-  if constexpr (SAME1)
-    fixed_column<V, MASK, 0, 2>(xr, (Wo - 2) * px, V::loadu(dr + (Wo - 1) * dpx), px, p00, p01, p02,
-                                p10, p11, p12, p20, p21, p22);
-  else
-    for (int64_t j = std::max(ja, jb); j < Wo; ++j) edge(j);
-}
-
-// One vector (or channel) of the partial pc (filter taps ps apart, fh filter rows) over a
-// segment's output rows.
-template <typename V, bool SAME1>
-void direct_rows(const Segment& sg, const AxisTaps& rows, int64_t fh, const ColumnTaps* cols,
-                 int64_t Wo, int64_t ja, int64_t jb, float* pc, int64_t ps) {
-  // Nine named sums, not an array: GCC kept an array of them on the stack (a store and a
-  // reload around every FMA, 1.3x the time).
-  const auto ld = [&](int kr, int k) { return kr < fh ? V::loadu(pc + (kr * 3 + k) * ps) : V{}; };
-  V p00 = ld(0, 0), p01 = ld(0, 1), p02 = ld(0, 2);
-  V p10 = ld(1, 0), p11 = ld(1, 1), p12 = ld(1, 2);
-  V p20 = ld(2, 0), p21 = ld(2, 1), p22 = ld(2, 2);
-  for (int64_t i = sg.i0; i < sg.i1; ++i) {
-    const float* xr[3] = {sg.x0, sg.x0, sg.x0};
-    int mask = 0;
-    for (int64_t e = rows.offset[i]; e < rows.offset[i + 1]; ++e) {
-      xr[rows.k[e]] = sg.x0 + (rows.src[e] - sg.lo) * sg.xrs;
-      mask |= 1 << rows.k[e];
-    }
-    const float* dr = sg.d0 + (i - sg.i0) * sg.drs;
-    switch (mask) {
-#define TFGRADS_ROW(M)                                                                             \
-  case M:                                                                                          \
-    direct_row<V, M, SAME1>(xr, dr, sg.px, sg.dpx, cols, Wo, ja, jb, p00, p01, p02, p10, p11, p12, \
-                            p20, p21, p22);                                                        \
-    break;
-      TFGRADS_ROW(1)
-      TFGRADS_ROW(2)
-      TFGRADS_ROW(3)
-      TFGRADS_ROW(4)
-      TFGRADS_ROW(5)
-      TFGRADS_ROW(6)
-      TFGRADS_ROW(7)
-#undef TFGRADS_ROW
-      default: break;  // no tap row: padding only
-    }
-  }
-  const auto st = [&](int kr, int k, const V& v) {
-    if (kr < fh) v.store(pc + (kr * 3 + k) * ps);
-  };
-  st(0, 0, p00), st(0, 1, p01), st(0, 2, p02);
-  st(1, 0, p10), st(1, 1, p11), st(1, 2, p12);
-  st(2, 0, p20), st(2, 1, p21), st(2, 2, p22);
-}
+using RowsFn = void (*)(const Segment&, const AxisTaps&, int64_t, const ColumnTaps*, int64_t,
+                        int64_t, int64_t, float*, int64_t);
 
 }  // namespace
 
@@ -233,9 +151,16 @@ bool direct_filter_rows_apply(const Geometry& g, int64_t C, const std::vector<Ro
   return !tiles.empty() && g.sW == 1 && (g.Wo <= 16 || (g.Wo <= 32 && C <= 64));
 }
 
+bool direct_filter_rows_wide(const Geometry& g, int64_t C) {
+  // Read in place (0.82-0.98x the row pass's time at six layers of 32-128 channels, 1.07 at
+  // 14x14x64), or 7x7 rows at 1024 channels, whose out_backprop is read in place too
+  // (0.80-0.85x). Copied blocks at 256-1024 channels on longer rows were 1.04-1.36x.
+  return !pixels_alias_in_l1<float>(C) || (C % 1024 == 0 && g.Wo <= 8);
+}
+
 void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int64_t C,
                         const AxisTaps& rows, const AxisTaps& cols, int64_t r0, int64_t r1,
-                        float* pc, int64_t ps, std::vector<float>& buf) {
+                        float* pc, int64_t ps, std::vector<float>& buf, bool wide) {
   std::vector<ColumnTaps> taps(static_cast<size_t>(g.Wo));
   for (int64_t j = 0; j < g.Wo; ++j) {
     const int64_t o = cols.offset[j], nc = cols.count(j);
@@ -253,7 +178,15 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
   const bool same1 = g.Wo >= 3 && ja == 1 && jb == last && ct[0].klo == 1 && ct[0].khi == 3 &&
                      ct[0].s0 == -1 && ct[last].klo == 0 && ct[last].khi == 2 &&
                      ct[last].s0 == last - 1;
-  const auto vec_rows = same1 ? direct_rows<Vec, true> : direct_rows<Vec, false>;
+  RowsFn vec_rows = same1 ? lanes8::direct_rows<Vec, true> : lanes8::direct_rows<Vec, false>;
+  int64_t lanes = L;
+#ifdef TFGRADS_HAVE_AVX512_KERNELS
+  if (wide) {  // C % 16 == 0
+    vec_rows = same1 ? lanes16::direct_rows<lanes16::V16, true>
+                     : lanes16::direct_rows<lanes16::V16, false>;
+    lanes = 16;
+  }
+#endif
   const bool pack = C % kBlock == 0 && pixels_alias_in_l1<float>(C);
   // out_backprop, read once per vector, stays in place where pixels are 4 KiB apart (1024
   // channels: 0.81-0.92x the time of copying it too; at 512 channels 1.09x, perf notes).
@@ -274,10 +207,10 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
     if (!pack) {
       Segment sg{ximg, dyimg, g.W * C, g.Wo * C, C, lo, i0, i1, C};
       int64_t c = 0;
-      for (; c + L <= C; c += L, sg.x0 += L, sg.d0 += L)
+      for (; c + lanes <= C; c += lanes, sg.x0 += lanes, sg.d0 += lanes)
         vec_rows(sg, rows, g.fh, ct, g.Wo, ja, jb, pc + c, ps);
       for (; c < C; ++c, ++sg.x0, ++sg.d0)
-        direct_rows<One, false>(sg, rows, g.fh, ct, g.Wo, ja, jb, pc + c, ps);
+        lanes8::direct_rows<One, false>(sg, rows, g.fh, ct, g.Wo, ja, jb, pc + c, ps);
       continue;
     }
     const int64_t nx = (hi - lo + 1) * g.W, nd = (i1 - i0) * g.Wo;
@@ -292,7 +225,7 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
       const int64_t nb = std::min(chunk_c, C - c0) / kBlock;
       pack_pixels(ximg, nx, xb, xbs, dyimg, dy_in_place ? 0 : nd, db, dbs, C, c0, nb);
       for (int64_t b = 0; b < nb; ++b)
-        for (int64_t v = 0; v < kBlock; v += L) {
+        for (int64_t v = 0; v < kBlock; v += lanes) {
           const int64_t c = c0 + b * kBlock + v;
           const float* d0 = dy_in_place ? dyimg + c : db + b * dbs + v;
           const int64_t drs = dy_in_place ? g.Wo * C : g.Wo * kBlock;
