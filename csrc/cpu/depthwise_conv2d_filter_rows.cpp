@@ -13,6 +13,7 @@
 // copy reads each pixel's channels in a row and uses each line once; the sums then run from L1.
 // (out_backprop, read once per vector, is copied too except at 4 KiB pixels.)
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -161,13 +162,16 @@ bool direct_filter_rows_wide(const Geometry& g, int64_t C) {
 void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int64_t C,
                         const AxisTaps& rows, const AxisTaps& cols, int64_t r0, int64_t r1,
                         float* pc, int64_t ps, std::vector<float>& buf, bool wide) {
-  std::vector<ColumnTaps> taps(static_cast<size_t>(g.Wo));
+  // Rows of at most 32 columns (direct_filter_rows_apply): the column taps on the stack, not a
+  // heap allocation per chunk.
+  TORCH_INTERNAL_ASSERT(g.Wo <= 32);
+  ColumnTaps taps[32];
   for (int64_t j = 0; j < g.Wo; ++j) {
     const int64_t o = cols.offset[j], nc = cols.count(j);
     const int klo = nc ? static_cast<int>(cols.k[o]) : 0;
     taps[j] = {nc ? cols.src[o] - klo : 0, klo, klo + static_cast<int>(nc)};
   }
-  const ColumnTaps* ct = taps.data();
+  const ColumnTaps* ct = taps;
   // The interior columns [ja, jb): all three filter columns, source columns one apart.
   int64_t ja = 0;
   while (ja < g.Wo && !(ct[ja].klo == 0 && ct[ja].khi == 3)) ++ja;
