@@ -22,7 +22,6 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
     const bool avx512 = torch_tfgrads::avx512_enabled();
     const bool brgemm = torch_tfgrads::rnn_brgemm_available();
     const bool batched = torch_tfgrads::rnn_batched_gemms_on_brgemm();
-    const bool by_pixel = torch_tfgrads::depthwise_aliasing_by_pixel();
     return Py_BuildValue(
         "{s:O,s:O,s:s,s:L,s:L,s:L,s:s,s:O}", "avx512_kernels", avx512 ? Py_True : Py_False,
         "rnn_brgemm", brgemm ? Py_True : Py_False, "rnn_batched_gemms", batched ? "brgemm" : "aten",
@@ -32,7 +31,7 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
         static_cast<long long>(torch_tfgrads::kRnnTiledStepsMinRowsPerThread),
         "rnn_tiles_before_brgemm_up_to_bytes",
         static_cast<long long>(torch_tfgrads::rnn_tiles_before_brgemm_up_to_bytes()),
-        "depthwise_aliasing", by_pixel ? "by_pixel" : "tiles", "streaming_stores",
+        "depthwise_aliasing", torch_tfgrads::depthwise_aliasing_name(), "streaming_stores",
         torch_tfgrads::streaming_stores_allowed() ? Py_True : Py_False);
   } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY or TFGRADS_DEPTHWISE_ALIASING
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());

@@ -10,9 +10,11 @@ process at the first use, force a path so that any host can measure and test the
 * ``TFGRADS_DISABLE_BRGEMM=1``: the RNN runs its per-step cells and ATen's GEMMs.
 * ``TFGRADS_DEPTHWISE_ALIASING=by_pixel|tiles``: how the 8-lane depthwise kernels run the
   layers whose pixels alias in L1 (float channels a multiple of 256): pixel by pixel over all
-  channels (by default where the CPU lacks AVX-512, measured faster on AMD Zen 3) or as the
-  sliding tiles (by default where it has AVX-512, measured faster on Zen 4 when forced to the
-  8-lane kernels).
+  channels, or as the sliding tiles. By default pixel by pixel where the CPU lacks AVX-512
+  (measured faster on AMD Zen 3); where it has AVX-512 (and runs the 8-lane kernels anyway) the
+  tiles, measured faster on Zen 4, except the forward and input gradient of rows of fewer than 8
+  columns, measured faster pixel by pixel on Zen 5 (``cpu_paths()`` reports this default as
+  ``tiles_from_8_columns``).
 * ``TFGRADS_DISABLE_STREAMING=1``: the memory-bound kernels write their large outputs with
   ordinary stores instead of non-temporal ones (same results; which is faster depends on
   whether the output could stay in the host's L3).
@@ -101,7 +103,8 @@ def cpu_paths() -> dict:
     per step over all threads), the size of a direction's weights up to which the threads
     sharing a direction run it on those tiles before BRGEMM (the 8-lane path; 0 where BRGEMM's
     own schedule runs every direction), how the 8-lane depthwise
-    kernels run layers whose pixels alias in L1 (``"by_pixel"`` or ``"tiles"``), whether large
+    kernels run layers whose pixels alias in L1 (``"by_pixel"``, ``"tiles"`` or
+    ``"tiles_from_8_columns"``), whether large
     outputs are written with non-temporal stores, the L3 cache's size as the OS reports it
     (None where it does not), and the forcing environment variables that are set.
 

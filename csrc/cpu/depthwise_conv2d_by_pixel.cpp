@@ -90,12 +90,14 @@ bool few_taps_per_pixel(const Correlation<scalar_t>& p) {
 // ascending source order: with unit dilation along W (consecutive sources) and the taps in
 // that order, these are the tiles' sums in the tiles' order, so the same bits. (The AVX-512
 // tiles read whole lines and keep the tiles; so do 5x5 layers, over kMaxPixelTaps; and so does
-// every layer where depthwise_aliasing_by_pixel() says no: CPUs with AVX-512, see cpu/isa.h.)
+// every layer where depthwise_aliasing_by_pixel() says no: on CPUs with AVX-512, rows of 8 or
+// more columns; see cpu/isa.h.)
 template <typename scalar_t>
 bool aliasing_by_pixel(const Correlation<scalar_t>& p) {
   if (!std::is_same_v<scalar_t, float> || !pixels_alias_in_l1<scalar_t>(p.C) ||
       (p.C * static_cast<int64_t>(sizeof(scalar_t)) < 2048 && p.sstep != 2) ||
-      (p.C % 16 == 0 && avx512_enabled()) || !depthwise_aliasing_by_pixel() ||
+      (p.C % 16 == 0 && avx512_enabled()) ||
+      !depthwise_aliasing_by_pixel(p.Wd < kAliasingTileColumns) ||
       max_count(*p.rows, p.Hd) * max_count(*p.cols, p.Wd) > kMaxPixelTaps)
     return false;
   const AxisTaps& cols = *p.cols;

@@ -60,16 +60,30 @@ bool streaming_stores_allowed() {
   return on;
 }
 
-bool depthwise_aliasing_by_pixel() {
-  static const bool on = [] {
+namespace {
+// 'p' forced pixel by pixel, 't' forced tiles, 0 not forced.
+char depthwise_aliasing_forced() {
+  static const char forced = [] {
     const char* v = std::getenv("TFGRADS_DEPTHWISE_ALIASING");
-    const std::string forced = v == nullptr ? std::string() : std::string(v);
-    TORCH_CHECK_VALUE(forced.empty() || forced == "by_pixel" || forced == "tiles",
-                      "TFGRADS_DEPTHWISE_ALIASING must be by_pixel, tiles or unset, got '", forced,
-                      "'");
-    return forced.empty() ? !cpu_has_avx512() : forced == "by_pixel";
+    const std::string s = v == nullptr ? std::string() : std::string(v);
+    TORCH_CHECK_VALUE(s.empty() || s == "by_pixel" || s == "tiles",
+                      "TFGRADS_DEPTHWISE_ALIASING must be by_pixel, tiles or unset, got '", s, "'");
+    return s.empty() ? '\0' : s[0] == 'b' ? 'p' : 't';
   }();
-  return on;
+  return forced;
+}
+}  // namespace
+
+bool depthwise_aliasing_by_pixel(bool short_correlation_rows) {
+  const char forced = depthwise_aliasing_forced();
+  if (forced) return forced == 'p';
+  return !cpu_has_avx512() || short_correlation_rows;
+}
+
+const char* depthwise_aliasing_name() {
+  const char forced = depthwise_aliasing_forced();
+  if (forced) return forced == 'p' ? "by_pixel" : "tiles";
+  return cpu_has_avx512() ? "tiles_from_8_columns" : "by_pixel";
 }
 
 }  // namespace torch_tfgrads

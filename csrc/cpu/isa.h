@@ -73,9 +73,18 @@ constexpr int64_t kRnnTiledStepsMinRowsPerThread = 8;
 // Depthwise layers whose pixels alias in L1 (depthwise_conv2d_cpu.h), on the 8-lane path: the
 // filter gradient and the 3x3 forward and input gradient run pixel by pixel over all channels,
 // or as the sliding tiles. Pixel by pixel was the faster on a CPU without AVX-512 (Zen 3), the
-// tiles when a CPU with AVX-512 runs the 8-lane kernels (Zen 4, TFGRADS_CPU_CAPABILITY=avx2);
-// docs/perf-notes/depthwise_conv2d.md. So pixel by pixel where the CPU lacks AVX-512, unless
+// tiles when a CPU with AVX-512 runs the 8-lane kernels (Zen 4, TFGRADS_CPU_CAPABILITY=avx2),
+// except for the forward and input gradient of rows of fewer than kAliasingTileColumns columns
+// (Zen 5: 7-column rows took 0.59-0.83x the tiles' time pixel by pixel; their 4-column tiles
+// leave a 3-column one per row); docs/perf-notes/depthwise_conv2d.md. So pixel by pixel where
+// the CPU lacks AVX-512, and for such short rows of those two ops everywhere, unless
 // TFGRADS_DEPTHWISE_ALIASING=by_pixel|tiles forces either (to measure and test both anywhere).
-bool depthwise_aliasing_by_pixel();
+// `short_correlation_rows`: the caller is the forward or input gradient and its destination
+// rows have fewer than kAliasingTileColumns columns.
+constexpr int64_t kAliasingTileColumns = 8;
+bool depthwise_aliasing_by_pixel(bool short_correlation_rows = false);
+// "by_pixel", "tiles" (forced) or "tiles_from_8_columns" (the default with AVX-512), for
+// cpu_paths().
+const char* depthwise_aliasing_name();
 
 }  // namespace torch_tfgrads
