@@ -76,7 +76,7 @@ constexpr int64_t kRnnTiledStepsMinRowsPerThread = 8;
 // tiles when a CPU with AVX-512 runs the 8-lane kernels (Zen 4, TFGRADS_CPU_CAPABILITY=avx2),
 // except for the forward and input gradient of rows of fewer than kAliasingTileColumns columns
 // (Zen 5: 7-column rows took 0.59-0.83x the tiles' time pixel by pixel; their 4-column tiles
-// leave a 3-column one per row); docs/perf-notes/depthwise_conv2d.md. So pixel by pixel where
+// leave a 3-column one per row); docs/perf-notes/depthwise_conv2d*.md. So pixel by pixel where
 // the CPU lacks AVX-512, and for such short rows of those two ops everywhere, unless
 // TFGRADS_DEPTHWISE_ALIASING=by_pixel|tiles forces either (to measure and test both anywhere).
 // `short_correlation_rows`: the caller is the forward or input gradient and its destination
