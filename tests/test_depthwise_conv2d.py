@@ -163,15 +163,17 @@ def test_large_outputs_streamed_and_chunked_match_reference(C, H, s):
 # Few taps per pixel (average <= 4.5, or <= 7 from 128 channels; input gradients of strided
 # layers, and forwards of 1x1 and 1xk filters): each pixel over all its channels, runs of
 # pixels sharing shifted taps. Unrolled for 1, 2, 3, 4, 6, 9 taps, looped
-# otherwise (1x5: 5), zeros where a pixel has none (1x1 at stride 2); large float outputs of
-# whole 64-byte pixels streamed from registers, other large outputs through staging rows.
+# otherwise (1x5: 5), zeros where a pixel has none (1x1 at stride 2); outputs over 4 MiB whose
+# source and output pass 10 MiB: float pixels of whole 64-byte lines streamed from registers,
+# others through staging rows (below 10 MiB they stay in the cache: ordinary stores).
 @pytest.mark.parametrize(
     "N,H,C,k,s,dtype",
     [
         (2, 15, 8, (3, 3), (2, 2), torch.float32),  # in place, one vector per pixel
-        (2, 46, 256, (3, 3), (2, 2), torch.float32),  # streamed from registers (4.3 MB)
-        (8, 100, 20, (3, 3), (2, 2), torch.float32),  # staged: 80-byte pixels (6.4 MB)
-        (4, 46, 256, (3, 3), (2, 2), torch.bfloat16),  # staged half type (4.4 MB)
+        (2, 46, 256, (3, 3), (2, 2), torch.float32),  # 4.4 MB, with its source 5.5: in cache
+        (4, 46, 256, (3, 3), (2, 2), torch.float32),  # streamed from registers (8.9 + 2.3 MB)
+        (14, 100, 20, (3, 3), (2, 2), torch.float32),  # staged: 80-byte pixels (11.3 + 2.9 MB)
+        (8, 46, 256, (3, 3), (2, 2), torch.bfloat16),  # staged half type (8.9 + 2.3 MB)
         (2, 29, 144, (5, 5), (2, 2), torch.float32),  # 9 / 6 / 4 taps
         (2, 17, 128, (1, 5), (1, 1), torch.float32),  # 5 taps: looped
         (2, 17, 16, (1, 1), (2, 2), torch.float32),  # no taps on odd rows and columns

@@ -63,6 +63,10 @@ inline void correlate_pixels_run(const scalar_t* const* sp, const scalar_t* cons
 constexpr double kFewTaps = 4.5, kFewTapsWide = 7;
 constexpr int64_t kWideChannels = 128;
 constexpr int64_t kMaxPixelTaps = 16;
+// Source and destination bytes up to which the few-taps path stores ordinarily (see
+// correlate_by_pixel): at 8-10 MB (dx of 6.4-8 MB) ordinary stores took 0.53-0.63x the
+// streamed time on Zen 5; at 12-16 MB streaming was as fast or faster.
+constexpr int64_t kFewTapsCachedBytes = int64_t{10} << 20;
 
 int64_t max_count(const AxisTaps& taps, int64_t dst) {
   int64_t m = 0;
@@ -115,8 +119,15 @@ void correlate_by_pixel(const Correlation<scalar_t>& p, bool ascending_columns) 
   const std::vector<int64_t> run = shifted_runs(cols, p.Wd, p.qstep, p.sstep);
   // A large output is written with non-temporal stores: straight from the registers when
   // every pixel is whole 64-byte lines (float, C % 16 == 0; the phases write pixels out of
-  // order), else through a staging row streamed out while the next row is computed.
-  const bool large = large_output(p), stream = streams_whole_lines(p);
+  // order), else through a staging row streamed out while the next row is computed. Few-taps
+  // layers (strided input gradients) read a source a quarter of their output's size: while
+  // both together fit in kFewTapsCachedBytes, ordinary stores leave the output in the L3 for
+  // the next call or consumer, and beat the non-temporal ones, whose trips to memory also
+  // varied the most with the host's load (perf notes, session 35).
+  const int64_t src_bytes = p.N * p.Hs * p.Ws * C * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t dst_bytes = p.N * p.Hd * row_elems * static_cast<int64_t>(sizeof(scalar_t));
+  const bool cached = !ascending_columns && src_bytes + dst_bytes <= kFewTapsCachedBytes;
+  const bool large = large_output(p) && !cached, stream = streams_whole_lines(p) && !cached;
   const bool staged = large && !stream;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_elems));
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
