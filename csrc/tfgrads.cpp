@@ -23,7 +23,7 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
     const bool brgemm = torch_tfgrads::rnn_brgemm_available();
     const bool batched = torch_tfgrads::rnn_batched_gemms_on_brgemm();
     return Py_BuildValue(
-        "{s:O,s:O,s:s,s:L,s:L,s:L,s:s,s:O}", "avx512_kernels", avx512 ? Py_True : Py_False,
+        "{s:O,s:O,s:s,s:L,s:L,s:L,s:s,s:O,s:L}", "avx512_kernels", avx512 ? Py_True : Py_False,
         "rnn_brgemm", brgemm ? Py_True : Py_False, "rnn_batched_gemms", batched ? "brgemm" : "aten",
         "rnn_directions_in_turn_above_bytes",
         static_cast<long long>(torch_tfgrads::rnn_directions_in_turn_above_bytes()),
@@ -32,8 +32,9 @@ PyObject* cpu_paths(PyObject*, PyObject*) {
         "rnn_tiles_before_brgemm_up_to_bytes",
         static_cast<long long>(torch_tfgrads::rnn_tiles_before_brgemm_up_to_bytes()),
         "depthwise_aliasing", torch_tfgrads::depthwise_aliasing_name(), "streaming_stores",
-        torch_tfgrads::streaming_stores_allowed() ? Py_True : Py_False);
-  } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY or TFGRADS_DEPTHWISE_ALIASING
+        torch_tfgrads::streaming_stores_allowed() ? Py_True : Py_False, "kernel_l3_bytes",
+        static_cast<long long>(torch_tfgrads::l3_cache_bytes()));
+  } catch (const c10::Error& e) {  // a bad TFGRADS_CPU_CAPABILITY, _DEPTHWISE_ALIASING, _L3_BYTES
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     return nullptr;
   }

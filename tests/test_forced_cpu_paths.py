@@ -127,6 +127,10 @@ def test_cpu_paths_report_the_host():
     assert p["rnn_tiles_before_brgemm_up_to_bytes"] == (3 << 20 if tiles_first else 0), p
     assert p["streaming_stores"] is (os.environ.get("TFGRADS_DISABLE_STREAMING", "0") in ("", "0"))
     assert p["l3_bytes"] is None or p["l3_bytes"] > 0, p
+    # the kernels plan with the OS's L3 size, 32 MiB where it reports none, unless forced
+    forced_l3 = os.environ.get("TFGRADS_L3_BYTES")
+    want_l3 = int(forced_l3) if forced_l3 else (p["l3_bytes"] or 32 << 20)
+    assert p["kernel_l3_bytes"] == want_l3, p
     assert _paths({"TFGRADS_DISABLE_STREAMING": "1"})["streaming_stores"] is False
     assert T.cpu.describe().startswith(p["cpu"])
 
@@ -149,6 +153,25 @@ def test_streaming_stores_change_no_result(tmp_path):
         assert torch.equal(a, runs["ordinary"][key]), key
 
 
+def test_source_ring_changes_no_result(tmp_path):
+    # Stride-2 (and 3) depthwise forwards whose source exceeds the L3 copy its rows into a ring
+    # before the tiles read them: with the L3 taken as 1 MiB the child's layers do; with 1 TiB
+    # none does. Bit for bit the same, and the planned size is the forced one.
+    runs = {}
+    for name, l3 in (("ring", 1 << 20), ("in_place", 1 << 40)):
+        out = _child(
+            {"TFGRADS_L3_BYTES": str(l3)},
+            ["tests/depthwise_source_ring.py", str(tmp_path / name)],
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = torch.load(tmp_path / name)
+        assert runs[name].pop("kernel_l3_bytes") == l3
+    assert runs["ring"].keys() == runs["in_place"].keys() and len(runs["ring"]) == 9
+    for key, a in runs["ring"].items():
+        assert torch.equal(a, runs["in_place"][key]), key
+
+
 def test_forcing_variables_are_checked():
     bad = _child(
         {"TFGRADS_CPU_CAPABILITY": "sse"}, ["-c", "import torch_tfgrads as T; T.cpu.cpu_paths()"]
@@ -161,6 +184,11 @@ def test_forcing_variables_are_checked():
     )
     assert bad.returncode != 0
     assert "TFGRADS_DEPTHWISE_ALIASING must be by_pixel, tiles or unset, got 'rows'" in bad.stderr
+    bad = _child(
+        {"TFGRADS_L3_BYTES": "32MiB"}, ["-c", "import torch_tfgrads as T; T.cpu.cpu_paths()"]
+    )
+    assert bad.returncode != 0
+    assert "TFGRADS_L3_BYTES must be a positive byte count, got '32MiB'" in bad.stderr
     forced = _paths({"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DISABLE_BRGEMM": "1"})
     assert forced["forced"] == {"TFGRADS_CPU_CAPABILITY": "avx2", "TFGRADS_DISABLE_BRGEMM": "1"}
     # avx512 where the host (or ATen) has none is an error, not a silent fallback

@@ -18,6 +18,9 @@ process at the first use, force a path so that any host can measure and test the
 * ``TFGRADS_DISABLE_STREAMING=1``: the memory-bound kernels write their large outputs with
   ordinary stores instead of non-temporal ones (same results; which is faster depends on
   whether the output could stay in the host's L3).
+* ``TFGRADS_L3_BYTES=<bytes>``: the L3 size the kernels plan with (by default the one sysfs
+  reports, ``l3_bytes``): a stride-2 depthwise forward whose source is larger reads it through
+  row copies (same results).
 
 An AVX2 host, peers included, is emulated on an AVX-512 one with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``: ATen, our
@@ -45,6 +48,7 @@ ENV_VARS = (
     "TFGRADS_DISABLE_BRGEMM",
     "TFGRADS_DEPTHWISE_ALIASING",
     "TFGRADS_DISABLE_STREAMING",
+    "TFGRADS_L3_BYTES",
     "ATEN_CPU_CAPABILITY",
     "ONEDNN_MAX_CPU_ISA",
     "MKL_ENABLE_INSTRUCTIONS",
@@ -93,8 +97,8 @@ def l3_bytes() -> int | None:
 def cpu_paths() -> dict:
     """``{"cpu", "aten_capability", "avx512_kernels", "rnn_brgemm", "rnn_batched_gemms",
     "rnn_directions_in_turn_above_bytes", "rnn_tiled_steps_min_rows_per_thread",
-    "rnn_tiles_before_brgemm_up_to_bytes", "depthwise_aliasing", "streaming_stores", "l3_bytes",
-    "forced"}``: the host, the ISA
+    "rnn_tiles_before_brgemm_up_to_bytes", "depthwise_aliasing", "streaming_stores",
+    "kernel_l3_bytes", "l3_bytes", "forced"}``: the host, the ISA
     ATen dispatches to, whether our AVX-512 kernels and the RNN's BRGEMM path (its fused float32
     steps) run, where the RNN's batched GEMMs run (``"brgemm"`` or ``"aten"``), the size of a
     direction's weights above which a bidirectional layer on two threads runs its directions
@@ -105,11 +109,13 @@ def cpu_paths() -> dict:
     own schedule runs every direction), how the 8-lane depthwise
     kernels run layers whose pixels alias in L1 (``"by_pixel"``, ``"tiles"`` or
     ``"tiles_from_8_columns"``), whether large
-    outputs are written with non-temporal stores, the L3 cache's size as the OS reports it
-    (None where it does not), and the forcing environment variables that are set.
+    outputs are written with non-temporal stores, the L3 size the kernels plan with
+    (``TFGRADS_L3_BYTES`` or the OS's, 32 MiB where it reports none), the L3 cache's size as
+    the OS reports it (None where it does not), and the forcing environment variables that are
+    set.
 
     Raises ValueError for a bad ``TFGRADS_CPU_CAPABILITY`` (or ``=avx512`` on a CPU or an ATen
-    without AVX-512) or ``TFGRADS_DEPTHWISE_ALIASING``."""
+    without AVX-512), ``TFGRADS_DEPTHWISE_ALIASING`` or ``TFGRADS_L3_BYTES``."""
     paths = dict(_C._cpu_paths())
     return {
         "cpu": cpu_model(),

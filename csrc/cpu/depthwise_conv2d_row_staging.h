@@ -101,5 +101,45 @@ class StagedRows {
   RowStreamer out_;
 };
 
+// Source rows copied into a ring of kSlots row buffers, which stay in L2, for layers whose
+// source comes from memory with two or more new rows per destination row (stride 2): a
+// whole-row copy reads memory in order, where the tiles' loads, a channel vector of each pixel
+// at a time, left the reads latency-bound (perf notes, session 35). Rows of one image are
+// mapped by row index modulo kSlots, so a destination row's taps (consecutive rows, at most
+// kSlots) never share a slot, and rows it shares with the previous one are not copied again.
+template <typename scalar_t>
+class SourceRing {
+ public:
+  static constexpr int64_t kSlots = 8;
+  SourceRing(bool on, int64_t row_elems) : elems_(row_elems) {
+    if (on) buf_.resize(kSlots * row_elems);
+    std::fill(std::begin(row_), std::end(row_), -1);
+  }
+  bool on() const { return !buf_.empty(); }
+  // The ring's base, standing in for image `img`'s (simg): its rows rs[0, n) are in slots
+  // local[0, n), which the callers use as row indices.
+  const scalar_t* map(const scalar_t* simg, int64_t img, const int64_t* rs, int64_t n,
+                      int64_t* local) {
+    if (img != img_) {
+      std::fill(std::begin(row_), std::end(row_), -1);
+      img_ = img;
+    }
+    for (int64_t a = 0; a < n; ++a) {
+      const int64_t q = rs[a] % kSlots;
+      if (row_[q] != rs[a]) {
+        std::memcpy(buf_.data() + q * elems_, simg + rs[a] * elems_, elems_ * sizeof(scalar_t));
+        row_[q] = rs[a];
+      }
+      local[a] = q;
+    }
+    return buf_.data();
+  }
+
+ private:
+  int64_t elems_, img_ = -1;
+  int64_t row_[kSlots];
+  std::vector<scalar_t> buf_;
+};
+
 }  // namespace depthwise_cpu
 }  // namespace torch_tfgrads

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 namespace torch_tfgrads {
@@ -58,6 +59,34 @@ bool brgemm_allowed() {
 bool streaming_stores_allowed() {
   static const bool on = not_disabled("TFGRADS_DISABLE_STREAMING");
   return on;
+}
+
+int64_t l3_cache_bytes() {
+  static const int64_t bytes = []() -> int64_t {
+    if (const char* v = std::getenv("TFGRADS_L3_BYTES")) {
+      char* end = nullptr;
+      const long long forced = std::strtoll(v, &end, 10);
+      TORCH_CHECK_VALUE(end != v && *end == '\0' && forced > 0,
+                        "TFGRADS_L3_BYTES must be a positive byte count, got '", v, "'");
+      return forced;
+    }
+    for (int i = 0; i < 8; ++i) {
+      const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+      std::ifstream level(base + "/level"), size(base + "/size");
+      int lv = 0;
+      std::string sz;
+      if (!(level >> lv) || lv != 3 || !(size >> sz) || sz.empty()) continue;
+      const char unit = sz.back();
+      const int64_t mul = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
+      try {
+        return static_cast<int64_t>(std::stoll(mul == 1 ? sz : sz.substr(0, sz.size() - 1))) * mul;
+      } catch (...) {
+        break;
+      }
+    }
+    return int64_t{32} << 20;
+  }();
+  return bytes;
 }
 
 namespace {

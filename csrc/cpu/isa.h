@@ -36,6 +36,11 @@ bool brgemm_allowed();
 // on the AMD hosts measured, 300 MiB on the Intel one). Results are the same either way.
 bool streaming_stores_allowed();
 
+// The L3 cache that CPU 0 shares, as Linux's sysfs reports it (a VM's share, where
+// sysconf reports the whole socket's); 32 MiB where it is not reported. The kernels plan with
+// it (whether a tensor comes from memory); TFGRADS_L3_BYTES=<bytes> overrides it.
+int64_t l3_cache_bytes();
+
 // Whether the RNN's BRGEMM path runs here: compiled into ATen, supported by this CPU, allowed
 // (cudnn_rnn_brgemm.cpp).
 bool rnn_brgemm_available();
