@@ -1,5 +1,6 @@
 // Destination rows of the channels-last correlation staged in L1/L2 and streamed out with
-// non-temporal stores while the next row is computed (large outputs only; AVX2 builds).
+// non-temporal stores while the next row is computed (large outputs only; AVX2 builds), and
+// source rows copied into an L2-resident ring (SourceRing, strided layers from memory).
 #pragma once
 
 #include <algorithm>
