@@ -1,9 +1,10 @@
 """Child script of test_forced_cpu_paths.py::test_source_ring_changes_no_result: depthwise
-forwards with two or more source rows per output row (stride 2 and 3, rows only), on sources of
-1-2.3 MB, saved to the path given. Run with TFGRADS_L3_BYTES=1048576 these sources count as
-larger than the L3 and the tiles read them through the ring of row copies
-(csrc/cpu/depthwise_conv2d_tiles.cpp); with a huge TFGRADS_L3_BYTES they read them in place.
-The two files must be equal bit for bit."""
+forwards and filter gradients with two or more source rows per output row (stride 2 and 3, rows
+only), on sources of 1-2.3 MB, saved to the path given. Run with TFGRADS_L3_BYTES=1048576 these
+sources count as larger than the L3 and the tiles read them through the ring of row copies
+(SourceRing in csrc/cpu/depthwise_conv2d_row_staging.h; the filter gradient's AVX-512 row pass
+of rows up to 32 columns does not take it, the 41-column case does); with a huge
+TFGRADS_L3_BYTES they read them in place. The two files must be equal bit for bit."""
 
 import sys
 
@@ -22,6 +23,7 @@ CASES = [
     (4, 46, 46, 32, (3, 3), (3, 3), "VALID", torch.float32),
     (4, 46, 46, 16, (3, 3), (2, 2), "SAME", torch.float64),
     (8, 46, 46, 64, (3, 3), (2, 2), "SAME", torch.bfloat16),
+    (2, 80, 81, 32, (3, 3), (2, 2), "SAME", torch.float32),  # 41 output columns
 ]
 
 
@@ -31,7 +33,12 @@ def outputs():
     for i, (N, H, W, C, k, s, padding, dtype) in enumerate(CASES):
         x = torch.randn(N, H, W, C, generator=g).to(dtype)
         f = torch.randn(*k, C, 1, generator=g).to(dtype)
-        out[f"case{i}"] = T.depthwise_conv2d_native(x, f, [1, *s, 1], padding)
+        y = T.depthwise_conv2d_native(x, f, [1, *s, 1], padding)
+        dy = torch.randn(y.shape, generator=g).to(dtype)
+        out[f"fwd{i}"] = y
+        out[f"filter{i}"] = T.depthwise_conv2d_native_backprop_filter(
+            x, list(f.shape), dy, [1, *s, 1], padding
+        )
     return out
 
 

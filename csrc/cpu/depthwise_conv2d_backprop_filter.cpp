@@ -18,6 +18,7 @@
 #include "cpu/depthwise_conv2d_avx512.h"
 #include "cpu/depthwise_conv2d_cpu.h"
 #include "cpu/depthwise_conv2d_planes.h"
+#include "cpu/depthwise_conv2d_row_staging.h"
 #include "cpu/isa.h"
 #include "cpu/widen.h"
 
@@ -388,15 +389,26 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   const bool direct = is_float && direct_filter_rows_apply(g, C, row_tiles);
   // On the AVX-512 path the row pass stays where direct_filter_rows in 16 lanes was slower.
   const bool direct_rows_in_16_lanes = wide && direct && direct_filter_rows_wide(g, C);
+  // Strided layers from memory read copies of the source rows (SourceRing), where the tiles run
+  // (the AVX-512 row pass was slower with them: it reads its rows a chunk at a time).
+  const bool ring = !(wide && !row_tiles.empty()) &&
+                    source_ring_applies(
+                        g.N * g.H * g.W * C * static_cast<int64_t>(sizeof(scalar_t)), g.H, rows,
+                        g.Ho, SourceRing<scalar_t>::kSlots);
   // Adds output row nr's products into the chunk's partial pc.
-  auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp) {
+  auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp, SourceRing<scalar_t>& sr) {
     const int64_t n = nr / g.Ho, i = nr % g.Ho;
     const int64_t n1 = (nr + 1) / g.Ho, i1 = (nr + 1) % g.Ho;  // the next output row
     const scalar_t* dyrow = dy + nr * g.Wo * C;
+    int64_t local[SourceRing<scalar_t>::kSlots];  // the ring's slots of the tap rows
+    const scalar_t* rbase = sr.on() ? sr.map(x + n * g.H * g.W * C, n,
+                                             rows.src.data() + rows.offset[i], rows.count(i), local)
+                                    : nullptr;
     for (int64_t a0 = rows.offset[i]; a0 < rows.offset[i + 1]; a0 += 64) {
       TapRows<scalar_t> tr;  // (more than 64 tap rows: in groups of 64)
       for (int64_t a = a0; a < std::min(rows.offset[i + 1], a0 + 64); ++a, ++tr.n) {
-        tr.x[tr.n] = x + (n * g.H + rows.src[a]) * g.W * C;
+        tr.x[tr.n] = rbase ? rbase + local[a - rows.offset[i]] * g.W * C
+                           : x + (n * g.H + rows.src[a]) * g.W * C;
         tr.part[tr.n] = pc + rows.k[a] * g.fw * ps;
       }
       if (wide && !row_tiles.empty() && tr.n <= 3) {
@@ -407,7 +419,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
           const int64_t c1 = std::min(C, c0 + kChannelChunk);
           if (nr + 1 < R) {
             prefetch_pixels(dyrow + g.Wo * C, g.Wo, C, c0, c1, 1);
-            for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
+            for (int64_t h = first_new[i1]; h <= last_src[i1] && !rbase; ++h)
               prefetch_pixels(x + (n1 * g.H + h) * g.W * C, g.W, C, c0, c1, 1);
           }
           if constexpr (std::is_same_v<scalar_t, float>)
@@ -432,7 +444,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
             // this row into L1 made it slower or no faster at every shape tried.)
             if (nr + 1 < R && fits && nc > 0 && !by_pixel) {
               prefetch_pixels(dyrow + (g.Wo + q + t0) * C, tl, C, c0, c1, 1);
-              for (int64_t h = first_new[i1]; h <= last_src[i1]; ++h)
+              for (int64_t h = first_new[i1]; h <= last_src[i1] && !rbase; ++h)
                 prefetch_pixels(x + ((n1 * g.H + h) * g.W + cs[0]) * C,
                                 std::min(tl * g.sW + nc, g.W - cs[0]), C, c0, c1, 1);
             }
@@ -454,6 +466,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   };
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     std::vector<A> tmp;  // filter_grad_tile_by_pixel's accumulators, or direct_filter_rows' blocks
+    SourceRing<scalar_t> sr(ring, g.W * C);
     for (int64_t ch = cb; ch < ce; ++ch) {
       A* pc = part.get() + ch * PF;
       std::fill(pc, pc + PF, A(0));
@@ -464,7 +477,7 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
           continue;
         }
       }
-      for (int64_t nr = r0; nr < r1; ++nr) add_row(nr, pc, tmp);
+      for (int64_t nr = r0; nr < r1; ++nr) add_row(nr, pc, tmp, sr);
     }
   });
   // The partials summed in chunk order, a vector of filter values at a time (each value's sum

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "common/depthwise_conv2d.h"
+#include "cpu/isa.h"
 
 #if defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
@@ -101,6 +105,21 @@ class StagedRows {
   scalar_t* stage_[2] = {nullptr, nullptr};
   RowStreamer out_;
 };
+
+// Whether a SourceRing (below) serves a layer: a source of src_bytes beyond the L3 (read from
+// memory on every call) with at least 1.5 source rows per destination row (row step 2 or
+// more), each destination row's taps consecutive rows that the ring holds at once. Sources
+// that fit in the L3, and stride 1, were slower through the ring (perf notes, session 35).
+inline bool source_ring_applies(int64_t src_bytes, int64_t src_rows,
+                                const depthwise::AxisTaps& rows, int64_t dst_rows, int64_t slots) {
+  if (src_bytes <= l3_cache_bytes() || 2 * src_rows < 3 * dst_rows || dst_rows < 2) return false;
+  for (int64_t r = 0; r < dst_rows; ++r) {
+    if (rows.count(r) > slots) return false;
+    for (int64_t a = rows.offset[r] + 1; a < rows.offset[r + 1]; ++a)
+      if (std::abs(rows.src[a] - rows.src[a - 1]) != 1) return false;
+  }
+  return true;
+}
 
 // Source rows copied into a ring of kSlots row buffers, which stay in L2, for layers whose
 // source comes from memory with two or more new rows per destination row (stride 2): a

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -383,24 +382,6 @@ std::vector<ColumnStep<scalar_t>> column_plan(const Correlation<scalar_t>& p, bo
 
 }  // namespace
 
-// Whether the tiles read their source rows from a SourceRing (depthwise_conv2d_row_staging.h):
-// a source beyond the L3 (from memory on every call) with at least 1.5 source rows per
-// destination row (row step 2 or more), each destination row's taps consecutive rows that the
-// ring holds at once. Sources that fit in the L3, and stride 1, were slower through the ring;
-// so were copies spread over the previous row's tiles (perf notes, session 35).
-template <typename scalar_t>
-bool ring_sources(const Correlation<scalar_t>& p) {
-  const int64_t bytes = p.N * p.Hs * p.Ws * p.C * static_cast<int64_t>(sizeof(scalar_t));
-  if (bytes <= l3_cache_bytes() || 2 * p.Hs < 3 * p.Hd || p.Hd < 2) return false;
-  const AxisTaps& rows = *p.rows;
-  for (int64_t r = 0; r < p.Hd; ++r) {
-    if (rows.count(r) > SourceRing<scalar_t>::kSlots) return false;
-    for (int64_t a = rows.offset[r] + 1; a < rows.offset[r + 1]; ++a)
-      if (std::abs(rows.src[a] - rows.src[a - 1]) != 1) return false;
-  }
-  return true;
-}
-
 template <typename scalar_t>
 void correlate_channels_last(const Correlation<scalar_t>& p) {
   if (few_taps_per_pixel(p)) {
@@ -438,7 +419,10 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   const bool whole_13 = pd.wide && narrow_tiles;
   const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13);
   const int64_t chunk = correlation_chunk<scalar_t>(p.C);  // channels per sweep of the tiles
-  const bool ring = ring_sources(p);
+  // Strided layers from memory: the tiles read copies of the source rows (SourceRing).
+  const bool ring = source_ring_applies(
+      p.N * p.Hs * p.Ws * p.C * static_cast<int64_t>(sizeof(scalar_t)), p.Hs, rows, p.Hd,
+      SourceRing<scalar_t>::kSlots);
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
     SourceRing<scalar_t> sources(ring, p.Ws * p.C);
