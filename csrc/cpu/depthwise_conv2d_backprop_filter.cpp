@@ -393,8 +393,9 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   // (the AVX-512 row pass was slower with them: it reads its rows a chunk at a time).
   const bool ring = !(wide && !row_tiles.empty()) &&
                     source_ring_applies(
-                        g.N * g.H * g.W * C * static_cast<int64_t>(sizeof(scalar_t)), g.H, rows,
-                        g.Ho, SourceRing<scalar_t>::kSlots);
+                        g.N * g.H * g.W * C * static_cast<int64_t>(sizeof(scalar_t)),
+                        g.W * C * static_cast<int64_t>(sizeof(scalar_t)), g.H, rows, g.Ho,
+                        SourceRing<scalar_t>::kSlots);
   // Adds output row nr's products into the chunk's partial pc.
   auto add_row = [&](int64_t nr, A* pc, std::vector<A>& tmp, SourceRing<scalar_t>& sr) {
     const int64_t n = nr / g.Ho, i = nr % g.Ho;

@@ -108,11 +108,16 @@ class StagedRows {
 
 // Whether a SourceRing (below) serves a layer: a source of src_bytes beyond the L3 (read from
 // memory on every call) with at least 1.5 source rows per destination row (row step 2 or
-// more), each destination row's taps consecutive rows that the ring holds at once. Sources
-// that fit in the L3, and stride 1, were slower through the ring (perf notes, session 35).
-inline bool source_ring_applies(int64_t src_bytes, int64_t src_rows,
+// more; src_rows and dst_rows per image), each destination row's taps consecutive rows that
+// the ring holds at once, and rows of at most kSourceRingRowBytes, so that it stays in L2.
+// Sources that fit in the L3, and stride 1, were slower through the ring (perf notes, session
+// 35).
+constexpr int64_t kSourceRingRowBytes = 64 << 10;
+inline bool source_ring_applies(int64_t src_bytes, int64_t row_bytes, int64_t src_rows,
                                 const depthwise::AxisTaps& rows, int64_t dst_rows, int64_t slots) {
-  if (src_bytes <= l3_cache_bytes() || 2 * src_rows < 3 * dst_rows || dst_rows < 2) return false;
+  if (src_bytes <= l3_cache_bytes() || row_bytes > kSourceRingRowBytes ||
+      2 * src_rows < 3 * dst_rows || dst_rows < 2)
+    return false;
   for (int64_t r = 0; r < dst_rows; ++r) {
     if (rows.count(r) > slots) return false;
     for (int64_t a = rows.offset[r] + 1; a < rows.offset[r + 1]; ++a)
