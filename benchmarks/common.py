@@ -4,7 +4,6 @@ bandwidth, TensorFlow in-process and on its Eigen path in a child process, and t
 Benchmarks are never timed tests: they print numbers, they do not assert them.
 """
 
-import glob
 import json
 import os
 import statistics
@@ -224,14 +223,11 @@ def copy_fn(numel, dtype=torch.float32, device="cpu"):
 
 
 def last_level_cache_bytes(default=32 << 20):
-    """The largest CPU cache's size from Linux sysfs (the L3 on x86), else `default`."""
-    sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        with open(path) as f:
-            text = f.read().strip()
-        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KM")) * scale)
-    return max(sizes, default=default)
+    """The CPU's L3 size as Linux's sysfs reports it (torch_tfgrads.cpu.l3_bytes), else
+    `default`."""
+    from torch_tfgrads import cpu
+
+    return cpu.l3_bytes() or default
 
 
 def device_cache_bytes(device="cpu"):

@@ -62,9 +62,15 @@ PyObject* launch_plan(PyObject*, PyObject* args) {
   return nullptr;
 }
 
+// The L3 size Linux's sysfs reports for CPU 0, 0 where none (torch_tfgrads.cpu.l3_bytes()).
+PyObject* l3_bytes(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(static_cast<long long>(torch_tfgrads::l3_reported_bytes()));
+}
+
 PyMethodDef methods[] = {
     {"_cpu_paths", cpu_paths, METH_NOARGS, "{'avx512_kernels': bool, 'rnn_brgemm': bool, ...}"},
     {"_launch_plan", launch_plan, METH_VARARGS, "(kind, 4 sizes) -> the CUDA launch plan"},
+    {"_l3_bytes", l3_bytes, METH_NOARGS, "the L3 size sysfs reports for CPU 0, 0 where none"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -75,23 +75,11 @@ def cpu_model() -> str:
 
 
 def l3_bytes() -> int | None:
-    """The size of the L3 cache that CPU 0 shares (Linux sysfs), or None where it is not
-    reported. The hosts measured differ by 10x here (32 MiB on the AMD VMs, 300 MiB on the
-    Intel one), which decides whether a benchmark's tensors stay in cache."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in sorted(os.listdir(base)):
-            path = os.path.join(base, entry)
-            with open(os.path.join(path, "level"), encoding="utf-8") as f:
-                if f.read().strip() != "3":
-                    continue
-            with open(os.path.join(path, "size"), encoding="utf-8") as f:
-                size = f.read().strip()
-            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-            return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
-    except (OSError, ValueError):
-        return None
-    return None
+    """The size of the L3 cache that CPU 0 shares (Linux sysfs, read by the extension, which
+    plans with it too), or None where it is not reported. The hosts measured differ by 10x here
+    (32 MiB on the AMD VMs, 300 MiB on the Intel one), which decides whether a benchmark's
+    tensors stay in cache."""
+    return _C._l3_bytes() or None
 
 
 def cpu_paths() -> dict:

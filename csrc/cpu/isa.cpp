@@ -61,15 +61,8 @@ bool streaming_stores_allowed() {
   return on;
 }
 
-int64_t l3_cache_bytes() {
+int64_t l3_reported_bytes() {
   static const int64_t bytes = []() -> int64_t {
-    if (const char* v = std::getenv("TFGRADS_L3_BYTES")) {
-      char* end = nullptr;
-      const long long forced = std::strtoll(v, &end, 10);
-      TORCH_CHECK_VALUE(end != v && *end == '\0' && forced > 0,
-                        "TFGRADS_L3_BYTES must be a positive byte count, got '", v, "'");
-      return forced;
-    }
     for (int i = 0; i < 8; ++i) {
       const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
       std::ifstream level(base + "/level"), size(base + "/size");
@@ -81,10 +74,25 @@ int64_t l3_cache_bytes() {
       try {
         return static_cast<int64_t>(std::stoll(mul == 1 ? sz : sz.substr(0, sz.size() - 1))) * mul;
       } catch (...) {
-        break;
+        return 0;
       }
     }
-    return int64_t{32} << 20;
+    return 0;
+  }();
+  return bytes;
+}
+
+int64_t l3_cache_bytes() {
+  static const int64_t bytes = []() -> int64_t {
+    if (const char* v = std::getenv("TFGRADS_L3_BYTES")) {
+      char* end = nullptr;
+      const long long forced = std::strtoll(v, &end, 10);
+      TORCH_CHECK_VALUE(end != v && *end == '\0' && forced > 0,
+                        "TFGRADS_L3_BYTES must be a positive byte count, got '", v, "'");
+      return forced;
+    }
+    const int64_t reported = l3_reported_bytes();
+    return reported > 0 ? reported : int64_t{32} << 20;
   }();
   return bytes;
 }

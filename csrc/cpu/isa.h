@@ -37,8 +37,10 @@ bool brgemm_allowed();
 bool streaming_stores_allowed();
 
 // The L3 cache that CPU 0 shares, as Linux's sysfs reports it (a VM's share, where
-// sysconf reports the whole socket's); 32 MiB where it is not reported. The kernels plan with
-// it (whether a tensor comes from memory); TFGRADS_L3_BYTES=<bytes> overrides it.
+// sysconf reports the whole socket's); 0 where it is not reported (cpu.l3_bytes() in Python).
+int64_t l3_reported_bytes();
+// The L3 size the kernels plan with (whether a tensor comes from memory): TFGRADS_L3_BYTES=
+// <bytes> where set, else the reported one, else 32 MiB.
 int64_t l3_cache_bytes();
 
 // Whether the RNN's BRGEMM path runs here: compiled into ATen, supported by this CPU, allowed
