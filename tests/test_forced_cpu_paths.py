@@ -135,6 +135,37 @@ def test_cpu_paths_report_the_host():
     assert T.cpu.describe().startswith(p["cpu"])
 
 
+def test_l3_bytes_as_sysfs_reports():
+    # The extension's reader (C stdio) against Python's own read of the same files: the level
+    # found and the unit suffix (K, M, G) applied.
+    want = None
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text()
+        except OSError:
+            continue
+        if level == "3":
+            size = size.strip()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            want = int(size.rstrip("KMG")) * scale
+            break
+    assert T.cpu.l3_bytes() == want
+
+
+def test_extension_uses_no_file_streams():
+    # On the GPU machines' build the extension carried its own libstdc++, whose std::ifstream
+    # segfaulted in operator>> (session 36): files are read with C stdio (cpu/isa.cpp).
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    found = [
+        f"{path.relative_to(csrc)}: {token}"
+        for path in sorted(csrc.rglob("*"))
+        if path.suffix in (".cpp", ".h", ".cu", ".cuh")
+        for token in ("<fstream>", "<iostream>", "std::ifstream", "std::istream", "std::cin")
+        if token in path.read_text()
+    ]
+    assert not found, found
+
+
 def test_streaming_stores_change_no_result(tmp_path):
     # Every kernel that streams its large outputs (tests/streaming_outputs.py), with the
     # non-temporal stores and with TFGRADS_DISABLE_STREAMING=1's ordinary ones: bit for bit

@@ -3,8 +3,8 @@
 #include <ATen/Version.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 
 namespace torch_tfgrads {
@@ -61,21 +61,32 @@ bool streaming_stores_allowed() {
   return on;
 }
 
+// C stdio, not a C++ file stream: on the GPU machines' build (Ubuntu's GCC 13, CUDA torch) the
+// extension carries its own copy of libstdc++, whose file streams segfaulted in operator>>
+// (docs/development.md, "On a GPU machine"; every depthwise call reads this once).
 int64_t l3_reported_bytes() {
   static const int64_t bytes = []() -> int64_t {
     for (int i = 0; i < 8; ++i) {
       const std::string base = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
-      std::ifstream level(base + "/level"), size(base + "/size");
       int lv = 0;
-      std::string sz;
-      if (!(level >> lv) || lv != 3 || !(size >> sz) || sz.empty()) continue;
-      const char unit = sz.back();
-      const int64_t mul = unit == 'K' ? 1 << 10 : unit == 'M' ? 1 << 20 : unit == 'G' ? 1 << 30 : 1;
-      try {
-        return static_cast<int64_t>(std::stoll(mul == 1 ? sz : sz.substr(0, sz.size() - 1))) * mul;
-      } catch (...) {
-        return 0;
+      long long n = 0;
+      char unit = '\0';
+      if (std::FILE* f = std::fopen((base + "/level").c_str(), "r")) {
+        if (std::fscanf(f, "%d", &lv) != 1) lv = 0;
+        std::fclose(f);
       }
+      if (lv != 3) continue;
+      std::FILE* f = std::fopen((base + "/size").c_str(), "r");
+      if (f == nullptr) continue;
+      const int got = std::fscanf(f, "%lld%c", &n, &unit);
+      std::fclose(f);
+      if (got < 1 || n <= 0) continue;
+      const int64_t mul = got < 2       ? 1
+                          : unit == 'K' ? int64_t{1} << 10
+                          : unit == 'M' ? int64_t{1} << 20
+                          : unit == 'G' ? int64_t{1} << 30
+                                        : 1;
+      return static_cast<int64_t>(n) * mul;
     }
     return 0;
   }();
