@@ -33,10 +33,14 @@ def code_blocks(text, lang):
     return out
 
 
+def _without_fences(text):
+    """The text with fenced blocks blanked (line numbers kept): headings only count outside."""
+    return _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
 def _prose(text):
-    """The text without fenced blocks and inline code: links and headings only count there."""
-    text = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    return _INLINE_CODE.sub("", text)
+    """The text without fenced blocks and inline code: links only count there."""
+    return _INLINE_CODE.sub("", _without_fences(text))
 
 
 def github_slug(heading):
@@ -49,7 +53,9 @@ def github_slug(heading):
 def anchors(path):
     """Every anchor GitHub generates for the headings of a Markdown file (duplicates get -1, -2)."""
     seen, out = {}, set()
-    for m in _HEADING.finditer(_prose(path.read_text(encoding="utf-8"))):
+    # A heading's inline code is part of its anchor ("## On a GPU machine: `make gpu-test`" is
+    # #on-a-gpu-machine-make-gpu-test on GitHub), so headings are read with it.
+    for m in _HEADING.finditer(_without_fences(path.read_text(encoding="utf-8"))):
         slug = github_slug(m.group(2))
         n = seen.get(slug, 0)
         seen[slug] = n + 1
@@ -174,6 +180,18 @@ def test_github_slugs():
         github_slug("fractional_avg_pool and fractional_max_pool")
         == "fractional_avg_pool-and-fractional_max_pool"
     )
+
+
+def test_anchors_follow_github(tmp_path):
+    # A heading's inline code stays in its anchor (GitHub keeps the code's text); a line of a
+    # fenced block is no heading.
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Title\n\n## On a GPU machine: `make gpu-test`\n\n```text\n# not a heading\n```\n"
+        "## Title\n",
+        encoding="utf-8",
+    )
+    assert anchors(page) == {"title", "on-a-gpu-machine-make-gpu-test", "title-1"}
 
 
 # ---- the repository stands alone --------------------------------------------------------------
