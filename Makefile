@@ -49,7 +49,7 @@ TORCH_STAMP := $(VENV)/.tfgrads-torch-version
 BUILD_STAMP := build/stamps/editable$(subst /,_,$(abspath $(VENV)))
 BUILD_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 BUILD_CMD ?= $(VPY) -m pip install -q --no-build-isolation -e .
-CXX_FORMAT_SOURCES = $(shell find csrc -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' \) | sort)
+CXX_FORMAT_SOURCES = $(shell find csrc tools -type f \( -name '*.h' -o -name '*.c' -o -name '*.cpp' -o -name '*.cu' \) | sort)
 
 # ccache: torch's extension builder puts `ccache` in front of the compiler by itself when ccache
 # is on PATH (recent torch); for older torch, ccache's directory of compiler-named links goes

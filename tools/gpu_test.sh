@@ -2,7 +2,8 @@
 # `make gpu-test`: the CUDA half verified in one command, on a machine that already has a CUDA
 # build of torch in its python, nvcc and no network (nothing is installed).
 #   1. builds the extension in place with FORCE_CUDA=1 for the visible GPU's architecture
-#   2. python -m torch_tfgrads check-build --require-cuda
+#   2. python -m torch_tfgrads check-build --require-cuda (this step, the CUDA tests and the
+#      benchmarks run with tools/native_backtrace.c preloaded: a crash prints its native stack)
 #   3. every CUDA test (pytest -m needs_cuda) with TFGRADS_REQUIRE_CUDA=1: a missing GPU or
 #      missing CUDA kernels fail instead of skipping
 #   4. compute-sanitizer memcheck and racecheck over tools/cuda_smoke.py (every CUDA kernel
@@ -56,9 +57,20 @@ ARCH=$("$PY" -c "import torch; c = torch.cuda.get_device_capability(); print(f'{
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${ARCH:-9.0}}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 wanted build && step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
-wanted check-build && step check-build "$PY" -m torch_tfgrads check-build --require-cuda
+# A crash in the Python steps prints its native stack too (tools/native_backtrace.c, preloaded;
+# after faulthandler's Python stack under pytest): the machine has no debugger.
+NB=build/native_backtrace.so
+mkdir -p build
+PRELOAD=()
+if ${CC:-cc} -shared -fPIC -O1 -o "$NB" tools/native_backtrace.c -ldl 2>> "$SUMMARY"; then
+  PRELOAD=(LD_PRELOAD="$PWD/$NB${LD_PRELOAD:+:$LD_PRELOAD}")
+else
+  echo "native backtraces: tools/native_backtrace.c did not build, crashes print Python stacks only" \
+    | tee -a "$SUMMARY"
+fi
+wanted check-build && step check-build env "${PRELOAD[@]}" "$PY" -m torch_tfgrads check-build --require-cuda
 if wanted cuda-tests; then
-  step cuda-tests env TFGRADS_REQUIRE_CUDA=1 \
+  step cuda-tests env "${PRELOAD[@]}" TFGRADS_REQUIRE_CUDA=1 \
     "$PY" -m pytest -q -rs -m needs_cuda -p no:cacheprovider tests
   grep -E "passed|failed" "$REPORT/cuda-tests.log" | tail -n 1 | sed 's/^/cuda tests: /' \
     | tee -a "$SUMMARY"
@@ -74,7 +86,7 @@ for tool in memcheck racecheck; do
 done
 if wanted bench; then
   for b in fused_batch_norm fractional_pool depthwise_conv2d cudnn_rnn; do
-    step "bench-$b" timeout "${BENCH_TIMEOUT:-60}" \
+    step "bench-$b" env "${PRELOAD[@]}" timeout "${BENCH_TIMEOUT:-60}" \
       "$PY" "benchmarks/bench_$b.py" --device cuda --quick
   done
 fi
