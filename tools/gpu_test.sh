@@ -56,7 +56,17 @@ step() {  # step NAME COMMAND...: runs COMMAND, logs to $REPORT/NAME.log, record
 ARCH=$("$PY" -c "import torch; c = torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')" 2>/dev/null)
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-${ARCH:-9.0}}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-wanted build && step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
+if wanted build; then
+  step build env FORCE_CUDA=1 "$PY" setup.py -q build_ext --inplace
+  # Where the build's minutes went (ninja's log: start and end in ms per object), for the
+  # next lease: the five slowest objects into the summary.
+  log=$(ls -t build/temp.*/.ninja_log 2> /dev/null | head -n 1)
+  if [ -n "$log" ]; then
+    cp "$log" "$REPORT/ninja_log.txt"
+    awk 'NR > 1 { printf "   %6.1f s  %s\n", ($2 - $1) / 1000, $4 }' "$log" | sort -rn | head -n 5 \
+      | sed 's|[^ ]*/csrc/|csrc/|' | tee -a "$SUMMARY"
+  fi
+fi
 # A crash in the Python steps prints its native stack too (tools/native_backtrace.c, preloaded;
 # after faulthandler's Python stack under pytest): the machine has no debugger.
 NB=build/native_backtrace.so

@@ -61,8 +61,8 @@ bool streaming_stores_allowed() {
   return on;
 }
 
-// C stdio, not a C++ file stream: on the GPU machines' build (Ubuntu's GCC 13, CUDA torch) the
-// extension carries its own copy of libstdc++, whose file streams segfaulted in operator>>
+// C stdio, not a C++ file stream: built there by the GPU machines' g++ (/opt/gcc, CUDA torch),
+// the extension carries its own copy of libstdc++, whose file streams segfaulted in operator>>
 // (docs/development.md, "On a GPU machine"; every depthwise call reads this once).
 int64_t l3_reported_bytes() {
   static const int64_t bytes = []() -> int64_t {
