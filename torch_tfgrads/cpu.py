@@ -19,8 +19,8 @@ process at the first use, force a path so that any host can measure and test the
   ordinary stores instead of non-temporal ones (same results; which is faster depends on
   whether the output could stay in the host's L3).
 * ``TFGRADS_L3_BYTES=<bytes>``: the L3 size the kernels plan with (by default the one sysfs
-  reports, ``l3_bytes``): a stride-2 depthwise forward whose source is larger reads it through
-  row copies (same results).
+  reports, ``l3_bytes``): stride-2 depthwise forwards and filter gradients whose source is
+  larger read it through row copies (same results).
 
 An AVX2 host, peers included, is emulated on an AVX-512 one with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``: ATen, our

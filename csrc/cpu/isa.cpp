@@ -63,7 +63,7 @@ bool streaming_stores_allowed() {
 
 // C stdio, not a C++ file stream: built there by the GPU machines' g++ (/opt/gcc, CUDA torch),
 // the extension carries its own copy of libstdc++, whose file streams segfaulted in operator>>
-// (docs/development.md, "On a GPU machine"; every depthwise call reads this once).
+// (docs/development.md, "On a GPU machine"). Read once per process; every depthwise call asks.
 int64_t l3_reported_bytes() {
   static const int64_t bytes = []() -> int64_t {
     for (int i = 0; i < 8; ++i) {
