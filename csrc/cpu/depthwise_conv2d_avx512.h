@@ -39,47 +39,54 @@ inline void pin_in_register(__m512& v) { asm("" : "+v"(v)); }
 // T destination pixels (out + t * dstep) of channels [c, c1) in whole vectors: each sums, over
 // the tap rows a (source row rs[a], filter row rk[a]) and the NC column taps b, source column
 // s0 + t * S + b of the image `src` times filter column fidx[b]. Each source vector is loaded
-// once and feeds every pixel that uses it; the tap row's NC filter vectors stay in registers.
+// once and feeds every pixel that uses it; the tap row's NC x K filter vectors stay in registers.
 // Clip: only the source columns s0 + u with u in [ulo, uhi) exist (the others are padding, and
 // their taps are left out), so border pixels run as tiles too. stream: non-temporal stores
 // (out 64-byte aligned, C % 16 == 0). Returns the first channel not done. Each source vector is
-// pinned (pin_in_register), so that it is loaded once, not once per FMA.
-template <int NC, int S, int T, bool Clip>
+// pinned (pin_in_register), so that it is loaded once, not once per FMA. K vectors of channels
+// per step (K = 2: 128 contiguous bytes of each source pixel, the tile's remaining channels one
+// vector at a time); each lane's sum is the same chain of FMAs for every K. The arrays are flat
+// because GCC kept [T][K] ones in memory (spilled accumulators) even at K = 1.
+template <int NC, int S, int T, bool Clip, int K = 1>
 int64_t slide_tile(const float* src, int64_t row, int64_t s0, int ulo, int uhi, const float* filt,
                    int64_t frow, const int64_t* rk, const int64_t* rs, int64_t nr,
                    const int64_t* fidx, int64_t C, int64_t c, int64_t c1, float* out, int64_t dstep,
                    bool stream) {
   constexpr int U = (T - 1) * S + NC;  // source columns of one tap row
-  for (; c + 16 <= c1; c += 16) {
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (; c + 16 * K <= c1; c += 16 * K) {
+    __m512 acc[T * K];
+    for (int i = 0; i < T * K; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t a = 0; a < nr; ++a) {
       const float* xp = src + rs[a] * row + c;
       const float* fr = filt + rk[a] * frow + c;
-      __m512 fv[NC];
+      __m512 fv[NC * K];
 #pragma GCC unroll 8
-      for (int b = 0; b < NC; ++b) fv[b] = _mm512_loadu_ps(fr + fidx[b] * C);
-#pragma GCC unroll 32
-      for (int u = 0; u < U; ++u) {
+      for (int i = 0; i < NC * K; ++i) fv[i] = _mm512_loadu_ps(fr + fidx[i / K] * C + 16 * (i % K));
+#pragma GCC unroll 64
+      for (int v = 0; v < U * K; ++v) {
+        const int u = v / K, k = v % K;
         if (Clip && (u < ulo || u >= uhi)) continue;
-        __m512 xv = _mm512_loadu_ps(xp + (s0 + u) * C);
+        __m512 xv = _mm512_loadu_ps(xp + (s0 + u) * C + 16 * k);
         pin_in_register(xv);
 #pragma GCC unroll 16
         for (int t = 0; t < T; ++t) {
           const int b = u - t * S;
-          if (b >= 0 && b < NC) acc[t] = _mm512_fmadd_ps(xv, fv[b], acc[t]);
+          if (b >= 0 && b < NC) acc[t * K + k] = _mm512_fmadd_ps(xv, fv[b * K + k], acc[t * K + k]);
         }
       }
     }
-    for (int t = 0; t < T; ++t) {
-      float* o = out + t * dstep + c;
+    for (int i = 0; i < T * K; ++i) {
+      float* o = out + (i / K) * dstep + c + 16 * (i % K);
       if (stream) {
-        _mm512_stream_ps(o, acc[t]);
+        _mm512_stream_ps(o, acc[i]);
       } else {
-        _mm512_storeu_ps(o, acc[t]);
+        _mm512_storeu_ps(o, acc[i]);
       }
     }
   }
+  if constexpr (K > 1)
+    return slide_tile<NC, S, T, Clip>(src, row, s0, ulo, uhi, filt, frow, rk, rs, nr, fidx, C, c,
+                                      c1, out, dstep, stream);
   return c;
 }
 

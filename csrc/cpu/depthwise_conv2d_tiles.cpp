@@ -126,7 +126,8 @@ bool slide_taps(const int64_t* ck, const int64_t* cs, int64_t nc, SlideTaps* st)
 }
 
 // K channel vectors per step: K = 2 consumes whole 64-byte lines, for layers whose pixels alias
-// in L1 (a line's second half would be evicted before the next step reads it). Clip: the tile
+// in L1 (a line's second half would be evicted before the next step reads it); the AVX-512
+// tiles take K / 2 16-lane vectors per step (one at least: a 16-lane vector is a line). Clip: the tile
 // reaches into the padding (st from the unclipped taps, s0 possibly negative): its sources
 // outside [0, Ws) are skipped, in whole vectors only (C % L == 0, so there is no channel tail).
 template <typename scalar_t, int NC, int S, int T, int K, bool Clip>
@@ -153,8 +154,8 @@ void slide_pixels(const Correlation<scalar_t>& p, const scalar_t* simg, const in
   int64_t c = c0;
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (p.wide) {  // one 16-lane vector is a whole line: K = 1
-      c = depthwise_avx512::slide_tile<NC, S, T, Clip>(
+    if (p.wide) {
+      c = depthwise_avx512::slide_tile<NC, S, T, Clip, std::max(1, K / 2)>(
           simg, p.Ws * C, s0, ulo, uhi, p.filt, p.fw * C, rk, rs, nr, st.fidx, C, c0, c1, out,
           dstep, p.stream && reinterpret_cast<uintptr_t>(out) % 64 == 0);
     }
@@ -283,6 +284,15 @@ bool slide_13_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q
   return false;
 }
 
+// A 7-column tile of two 16-lane vectors (a 128-byte piece of each pixel) per step, float
+// layers only (the AVX-512 tiles of correlate_channels_last).
+template <typename scalar_t>
+bool slide_7x2_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
+                  ColumnStep<scalar_t>* step) {
+  if constexpr (std::is_same_v<scalar_t, float>) return slide_at<scalar_t, 7, 4>(p, cols, q, step);
+  return false;
+}
+
 // A tile of the last 1-3 pixels of a run (float layers: the unclipped plan's row ends).
 template <typename scalar_t>
 bool short_tile_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q, int64_t n,
@@ -299,12 +309,13 @@ bool short_tile_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t
 }
 
 // The widest sliding-window tile for the pixels from column q (in phase q0) given the runs of
-// columns whose taps are shifted copies (run over cols); advances q past them. short_tiles:
-// a run's last 1-3 pixels as one short tile, else as a 4-pixel tile that starts earlier.
+// columns whose taps are shifted copies (run over cols); advances q past them. short_tiles (the
+// unclipped plan): a run's last 1-3 pixels as one short tile, else as a 4-pixel tile that
+// starts earlier; and with line_pairs, 3-tap runs of 7 or more in 7-column two-vector tiles.
 template <typename scalar_t>
 bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
-               const std::vector<int64_t>& run, bool narrow_tiles, bool whole_13, bool short_tiles,
-               int64_t q0, int64_t* qp, ColumnStep<scalar_t>* s) {
+               const std::vector<int64_t>& run, bool narrow_tiles, bool whole_13, bool line_pairs,
+               bool short_tiles, int64_t q0, int64_t* qp, ColumnStep<scalar_t>* s) {
   const int64_t q = *qp, n = run[q], step = p.qstep;
   // The end of a run shorter than a tile is done as a tile that starts earlier in the same run
   // (recomputing a few pixels) rather than pixel by pixel.
@@ -312,7 +323,9 @@ bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
   const bool back = back4 >= q0 && run[back4] >= 4;
   int64_t next = q;
   // Narrow tiles take two channel vectors (a whole 64-byte line) per step.
-  if (whole_13 && n >= 13 && cols.count(q) == 3 && slide_13_at(p, cols, q, s)) {
+  if (line_pairs && short_tiles && n >= 7 && cols.count(q) == 3 && slide_7x2_at(p, cols, q, s)) {
+    next = q + 7 * step;
+  } else if (whole_13 && n >= 13 && cols.count(q) == 3 && slide_13_at(p, cols, q, s)) {
     next = q + 13 * step;
   } else if (short_tiles && n < 4 && short_tile_at(p, cols, q, n, s)) {
     next = q + n * step;
@@ -345,7 +358,7 @@ bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
 // pixel.
 template <typename scalar_t>
 std::vector<ColumnStep<scalar_t>> column_plan(const Correlation<scalar_t>& p, bool narrow_tiles,
-                                              bool whole_13) {
+                                              bool whole_13, bool line_pairs) {
   constexpr int64_t L = Vectorized<acc_t<scalar_t>>::size();
   const bool unclipped = std::is_same_v<scalar_t, float> && p.vcols != nullptr && p.C % L == 0;
   const std::vector<int64_t> run = shifted_runs(*p.cols, p.Wd, p.qstep, p.sstep);
@@ -356,8 +369,9 @@ std::vector<ColumnStep<scalar_t>> column_plan(const Correlation<scalar_t>& p, bo
     int64_t prefetched = std::numeric_limits<int64_t>::min();  // source columns up to here
     for (int64_t q = q0; q < p.Wd;) {
       ColumnStep<scalar_t> s;
-      if ((unclipped && tile_step(p, *p.vcols, vrun, narrow_tiles, whole_13, true, q0, &q, &s)) ||
-          tile_step(p, *p.cols, run, narrow_tiles, whole_13, false, q0, &q, &s)) {
+      if ((unclipped &&
+           tile_step(p, *p.vcols, vrun, narrow_tiles, whole_13, line_pairs, true, q0, &q, &s)) ||
+          tile_step(p, *p.cols, run, narrow_tiles, whole_13, line_pairs, false, q0, &q, &s)) {
         // A tile prefetches only the source columns the tile before it did not.
         const int64_t end = s.st.s0 + (s.t - 1) * p.sstep + s.st.nc;
         s.st.fresh = std::clamp<int64_t>(prefetched - s.st.s0, 0, end - s.st.s0);
@@ -417,7 +431,14 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // L1: there, a 3-tap run of 13 or more columns (28x28x256 at stride 2: 13) starts with one
   // 13-column tile instead of 4-column ones and a tile that recomputes 3 pixels.
   const bool whole_13 = pd.wide && narrow_tiles;
-  const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13);
+  // There, on the unclipped plan (the forward's), 3-tap runs take 7-column tiles that read two
+  // channel vectors (128 contiguous bytes of each pixel) per step, instead: fewer, longer
+  // streams of lines for the hardware prefetchers, and no 1-pixel tile after a 13-column one
+  // (the 14 columns of 28x28 at stride 2 or 14x14 at stride 1 are two tiles). Not at stride 2
+  // on rows of fewer than 14 columns, where one clipped tile per row was slower (perf notes).
+  const bool line_pairs = whole_13 && (p.sstep == 1 || p.Wd >= 14);
+  const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13,
+                                                             line_pairs);
   const int64_t chunk = correlation_chunk<scalar_t>(p.C);  // channels per sweep of the tiles
   // Strided layers from memory: the tiles read copies of the source rows (SourceRing).
   const int64_t src_row_bytes = p.Ws * p.C * static_cast<int64_t>(sizeof(scalar_t));
