@@ -432,10 +432,12 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   // 13-column tile instead of 4-column ones and a tile that recomputes 3 pixels.
   const bool whole_13 = pd.wide && narrow_tiles;
   // There, on the unclipped plan (the forward's), 3-tap runs take 7-column tiles that read two
-  // channel vectors (128 contiguous bytes of each pixel) per step, instead: fewer, longer
-  // streams of lines for the hardware prefetchers, and no 1-pixel tile after a 13-column one
-  // (the 14 columns of 28x28 at stride 2 or 14x14 at stride 1 are two tiles). Not at stride 2
-  // on rows of fewer than 14 columns, where one clipped tile per row was slower (perf notes).
+  // channel vectors (128 contiguous bytes of each pixel) per step instead: these tiles wait
+  // for source lines a pixel (1 KiB or more) apart, which come from the L3 at a third of the
+  // rate of lines read in order, and two adjacent lines per pixel and step halve the jumps.
+  // The 14 columns of 28x28 at stride 2 or 14x14 at stride 1 are then two tiles, with no
+  // 1-pixel tile. Not at stride 2 on rows of fewer than 14 columns, where one clipped tile per
+  // row was slower (perf notes).
   const bool line_pairs = whole_13 && (p.sstep == 1 || p.Wd >= 14);
   const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13,
                                                              line_pairs);
