@@ -276,20 +276,14 @@ bool slide_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
 #undef TFGRADS_SLIDE
 }
 
-// A 13-column sliding-window tile, float layers only (the AVX-512 tiles of correlate_channels_last).
-template <typename scalar_t>
-bool slide_13_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
-                 ColumnStep<scalar_t>* step) {
-  if constexpr (std::is_same_v<scalar_t, float>) return slide_at<scalar_t, 13>(p, cols, q, step);
-  return false;
-}
-
-// A 7-column tile of two 16-lane vectors (a 128-byte piece of each pixel) per step, float
-// layers only (the AVX-512 tiles of correlate_channels_last).
-template <typename scalar_t>
-bool slide_7x2_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
-                  ColumnStep<scalar_t>* step) {
-  if constexpr (std::is_same_v<scalar_t, float>) return slide_at<scalar_t, 7, 4>(p, cols, q, step);
+// A sliding-window tile that only float layers take (the AVX-512 tiles of
+// correlate_channels_last, and the unclipped plan's short tiles): 13 columns; 7 columns of two
+// 16-lane vectors (a 128-byte piece of each pixel) per step (K = 4 8-lane vectors); the short
+// tiles below.
+template <typename scalar_t, int T, int K = 1>
+bool float_slide_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q,
+                    ColumnStep<scalar_t>* step) {
+  if constexpr (std::is_same_v<scalar_t, float>) return slide_at<scalar_t, T, K>(p, cols, q, step);
   return false;
 }
 
@@ -297,15 +291,12 @@ bool slide_7x2_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t 
 template <typename scalar_t>
 bool short_tile_at(const Correlation<scalar_t>& p, const AxisTaps& cols, int64_t q, int64_t n,
                    ColumnStep<scalar_t>* step) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    switch (n) {
-      case 1: return slide_at<scalar_t, 1>(p, cols, q, step);
-      case 2: return slide_at<scalar_t, 2>(p, cols, q, step);
-      case 3: return slide_at<scalar_t, 3>(p, cols, q, step);
-      default: return false;
-    }
+  switch (n) {
+    case 1: return float_slide_at<scalar_t, 1>(p, cols, q, step);
+    case 2: return float_slide_at<scalar_t, 2>(p, cols, q, step);
+    case 3: return float_slide_at<scalar_t, 3>(p, cols, q, step);
+    default: return false;
   }
-  return false;
 }
 
 // The widest sliding-window tile for the pixels from column q (in phase q0) given the runs of
@@ -323,9 +314,11 @@ bool tile_step(const Correlation<scalar_t>& p, const AxisTaps& cols,
   const bool back = back4 >= q0 && run[back4] >= 4;
   int64_t next = q;
   // Narrow tiles take two channel vectors (a whole 64-byte line) per step.
-  if (line_pairs && short_tiles && n >= 7 && cols.count(q) == 3 && slide_7x2_at(p, cols, q, s)) {
+  if (line_pairs && short_tiles && n >= 7 && cols.count(q) == 3 &&
+      float_slide_at<scalar_t, 7, 4>(p, cols, q, s)) {
     next = q + 7 * step;
-  } else if (whole_13 && n >= 13 && cols.count(q) == 3 && slide_13_at(p, cols, q, s)) {
+  } else if (whole_13 && n >= 13 && cols.count(q) == 3 &&
+             float_slide_at<scalar_t, 13>(p, cols, q, s)) {
     next = q + 13 * step;
   } else if (short_tiles && n < 4 && short_tile_at(p, cols, q, n, s)) {
     next = q + n * step;
