@@ -593,9 +593,11 @@ def _wide_calls():
     stores, and filter-gradient 3x3 runs of every length up to 16 at source steps 1 and 2,
     aliasing in L1 (256 / 512) or not. The filter gradients of 3-column filters on rows of up
     to 32 columns take whole-row passes on the AVX-512 path (filter_row_3x3): 1, 2 and 3 tap
-    rows, edge tiles of 1 and 2 column taps (SAME, EXPLICIT), source steps 1 and 2. At source
-    step 1 those rows sum in the direct order on both paths (the 8-lane path reading packed
-    blocks at 256 / 512 / 1024 channels, in place at 16-64 and 1040)."""
+    rows, edge tiles of 1 and 2 column taps (SAME, EXPLICIT), source steps 1 and 2; at step 2
+    two channel vectors at a time (a 16-channel tail after the pairs at C = 80). At source
+    step 1, and at step 2 where pixels do not alias in L1, those rows sum in the direct order on
+    both paths (the 8-lane path reading packed blocks at 256 / 512 / 1024 channels, in place at
+    16-64 and 1040)."""
     g = torch.Generator().manual_seed(7)
     layers = [  # N, H, W, C, kh, kw, stride, padding, multiplier
         (2, 13, 29, 16, 3, 3, 1, "SAME", 1),
@@ -618,6 +620,8 @@ def _wide_calls():
         (2, 7, 10, 64, 2, 3, 2, "SAME", 1),
         (2, 8, 11, 32, 3, 3, 1, "EXPLICIT", 1),
         (2, 6, 12, 48, 2, 3, 1, "SAME", 1),
+        (2, 9, 40, 80, 3, 3, 2, "SAME", 1),
+        (2, 7, 14, 512, 3, 3, 2, "EXPLICIT", 1),
     ]
     calls = []
     for N, H, W, C, kh, kw, s, padding, M in layers:

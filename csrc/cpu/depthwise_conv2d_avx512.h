@@ -235,6 +235,77 @@ int64_t filter_row_3x3(const float* const* xrows, const float* dyrow, const RowT
   return c;
 }
 
+// filter_row_3x3's tiles' order (Direct = false) for K channel vectors at a time: K * 16
+// contiguous floats of each source pixel per load, where one vector reads a single 64-byte line
+// of each pixel (whose pixels are C floats apart). The K x NR x NC tile sums and the kept source
+// vectors fill the registers, so each tile adds its sums into the partial rows pc[a] (filter
+// columns ps apart) in memory rather than into a row's sums held in registers; each lane sees
+// the same additions in the same order as in filter_row_3x3, so the same bits.
+template <int S, int NR, int NC, int K0, int K>
+inline __attribute__((always_inline)) void filter_row_tile_k(const float* const* xp,
+                                                             const float* dp, const RowTile& tl,
+                                                             int64_t C, float* const* pc,
+                                                             int64_t ps) {
+  constexpr int keep = NC - S > 0 ? NC - S : 0;
+  __m512 xv[NR * NC * K], acc[NR * NC * K];  // [a][b][v] at (a * NC + b) * K + v
+  for (int a = 0; a < NR; ++a)
+    for (int b = 0; b < NC; ++b)
+      for (int v = 0; v < K; ++v) {
+        acc[(a * NC + b) * K + v] = _mm512_setzero_ps();
+        if (b < keep) xv[(a * NC + b) * K + v] = _mm512_loadu_ps(xp[a] + (tl.s0 + b) * C + 16 * v);
+      }
+  const float* d0 = dp + tl.q * C;
+  for (int64_t t = 0; t < tl.len; ++t) {
+    __m512 d[K];
+    for (int v = 0; v < K; ++v) d[v] = _mm512_loadu_ps(d0 + t * C + 16 * v);
+#pragma GCC unroll 3
+    for (int a = 0; a < NR; ++a) {
+      for (int b = keep; b < NC; ++b)
+        for (int v = 0; v < K; ++v)
+          xv[(a * NC + b) * K + v] = _mm512_loadu_ps(xp[a] + (tl.s0 + t * S + b) * C + 16 * v);
+      for (int i = a * NC * K; i < (a + 1) * NC * K; ++i)
+        acc[i] = _mm512_fmadd_ps(xv[i], d[i % K], acc[i]);
+      for (int b = 0; b < keep; ++b)
+        for (int v = 0; v < K; ++v) xv[(a * NC + b) * K + v] = xv[(a * NC + b + S) * K + v];
+    }
+  }
+  for (int a = 0; a < NR; ++a)
+    for (int b = 0; b < NC; ++b)
+      for (int v = 0; v < K; ++v) {
+        float* q = pc[a] + (K0 + b) * ps + 16 * v;
+        _mm512_storeu_ps(q, _mm512_add_ps(_mm512_loadu_ps(q), acc[(a * NC + b) * K + v]));
+      }
+}
+
+// filter_row_3x3<S, NR, false> for K channel vectors per pass (filter_row_tile_k), the
+// remaining vectors one at a time (filter_row_3x3).
+template <int S, int NR, int K>
+int64_t filter_row_3x3_k(const float* const* xrows, const float* dyrow, const RowTile* tiles,
+                         int64_t ntiles, int64_t C, int64_t c, int64_t c1, float* const* parts,
+                         int64_t ps) {
+  for (; c + 16 * K <= c1; c += 16 * K) {
+    const float* xp[NR];
+    float* pc[NR];
+    for (int a = 0; a < NR; ++a) xp[a] = xrows[a] + c, pc[a] = parts[a] + c;
+    for (int64_t i = 0; i < ntiles; ++i) {
+      const RowTile& tl = tiles[i];
+      switch (tl.nc * 4 + tl.k0) {
+#define TFGRADS_TILE(NC, K0) \
+  case NC * 4 + K0: filter_row_tile_k<S, NR, NC, K0, K>(xp, dyrow + c, tl, C, pc, ps); break;
+        TFGRADS_TILE(3, 0)
+        TFGRADS_TILE(2, 0)
+        TFGRADS_TILE(2, 1)
+        TFGRADS_TILE(1, 0)
+        TFGRADS_TILE(1, 1)
+        TFGRADS_TILE(1, 2)
+#undef TFGRADS_TILE
+        default: break;
+      }
+    }
+  }
+  return filter_row_3x3<S, NR, false>(xrows, dyrow, tiles, ntiles, C, c, c1, parts, ps);
+}
+
 TFGRADS_AVX512_END
 
 }  // namespace depthwise_avx512

@@ -378,10 +378,11 @@ void filter_grad_channels_last(const scalar_t* x, const scalar_t* dy, scalar_t* 
   std::vector<int64_t> kofs(cols.k.size());
   for (size_t b = 0; b < kofs.size(); ++b) kofs[b] = cols.k[b] * ps;
   // Short rows of 3-column filters: on the AVX-512 path each output row in one pass per channel
-  // vector (filter_row_3x3), where the row's tiles allow it. At source step 1 (and the row
-  // lengths direct_filter_rows_apply takes), every path sums them in the direct order (each
-  // product straight into its tap's sum): direct_filter_rows, which keeps a vector's nine sums
-  // in registers across the chunk (8 lanes; 16 where direct_filter_rows_wide says so), or
+  // vector (filter_row_3x3), where the row's tiles allow it. Where direct_filter_rows_apply
+  // says so (source step 1, or 2 at channel counts whose pixels do not alias in L1, on rows of
+  // the lengths it takes), every path sums them in the direct order (each product straight
+  // into its tap's sum): direct_filter_rows, which keeps a vector's nine sums in registers
+  // across the chunk (8 lanes; 16 where direct_filter_rows_wide says so), or
   // filter_row_3x3<.., true>. The tiles' order needs 9 more registers than 8-lane code has.
   const bool is_float = std::is_same_v<scalar_t, float>;
   const std::vector<RowTile> row_tiles = is_float ? row_tiles_3x3(g, C, cols, run, merge_3)

@@ -1,7 +1,8 @@
 // The filter gradient of short rows of 3-column filters: the row plan of the AVX-512 row pass
-// (row_tiles_3x3, filter_row_pass), and at source step 1 the direct order: every product goes
-// straight into its filter tap's sum, rows in order, each row's columns in order, the nine sums
-// of a vector of channels held in registers across a chunk's rows (direct_filter_rows, with
+// (row_tiles_3x3, filter_row_pass), and at source step 1 (or 2 where pixels do not alias in
+// L1: direct_filter_rows_apply) the direct order: every product goes straight into its filter
+// tap's sum, rows in order, each row's columns in order, the nine sums of a vector of channels
+// held in registers across a chunk's rows (direct_filter_rows, with
 // the sums of depthwise_conv2d_filter_rows_sums.h in 8 lanes, or in 16 on the AVX-512 path
 // where that beat the row pass; filter_row_3x3<.., true> adds in the same order, so every path
 // gives the same bits).
@@ -65,11 +66,11 @@ inline Vec fma_(const Vec& a, const Vec& b, const Vec& c) { return at::vec::fmad
 
 // Where one segment's rows are: source rows from x0 (row stride xrs, pixel stride px), output
 // rows from d0 (row stride drs, pixel stride dpx), source row lo first; output rows [i0, i1) of
-// the image.
+// the image; sx: from one output column's source pixel to the next one's (px times the step).
 struct Segment {
   const float* x0;
   const float* d0;
-  int64_t xrs, drs, px, lo, i0, i1, dpx;
+  int64_t xrs, drs, px, lo, i0, i1, dpx, sx;
 };
 
 // An output column's taps: filter columns [klo, khi) (none: klo = khi), filter column k
@@ -140,6 +141,16 @@ void filter_row_pass(const float* const* x, float* const* part, int64_t n, const
        {filter_row_3x3<2, 1, false>, filter_row_3x3<2, 2, false>, filter_row_3x3<2, 3, false>}},
       {{filter_row_3x3<1, 1, true>, filter_row_3x3<1, 2, true>, filter_row_3x3<1, 3, true>},
        {filter_row_3x3<2, 1, true>, filter_row_3x3<2, 2, true>, filter_row_3x3<2, 3, true>}}};
+  // Source step 2 in the tiles' order: two channel vectors per pass (filter_row_3x3_k), 128
+  // contiguous bytes of each source pixel, where the pixels that alias in L1 gave a line each
+  // (0.89-0.96x the time from memory; perf notes).
+  if (sW == 2 && !direct) {
+    using depthwise_avx512::filter_row_3x3_k;
+    static constexpr Kernel pairs[3] = {filter_row_3x3_k<2, 1, 2>, filter_row_3x3_k<2, 2, 2>,
+                                        filter_row_3x3_k<2, 3, 2>};
+    pairs[n - 1](x, dyrow, tiles.data(), static_cast<int64_t>(tiles.size()), C, c0, c1, part, ps);
+    return;
+  }
   kernels[direct][sW - 1][n - 1](x, dyrow, tiles.data(), static_cast<int64_t>(tiles.size()), C, c0,
                                  c1, part, ps);
 #else
@@ -149,7 +160,10 @@ void filter_row_pass(const float* const* x, float* const* part, int64_t n, const
 }
 
 bool direct_filter_rows_apply(const Geometry& g, int64_t C, const std::vector<RowTile>& tiles) {
-  return !tiles.empty() && g.sW == 1 && (g.Wo <= 16 || (g.Wo <= 32 && C <= 64));
+  // At source step 2 only where pixels do not alias in L1: at 256 and 512 channels the 8-lane
+  // direct order (copied blocks) took 1.18-1.35x the 8-lane tiles' time (perf notes).
+  return !tiles.empty() && (g.sW == 1 || (g.sW == 2 && !pixels_alias_in_l1<float>(C))) &&
+         (g.Wo <= 16 || (g.Wo <= 32 && C <= 64));
 }
 
 bool direct_filter_rows_wide(const Geometry& g, int64_t C) {
@@ -176,11 +190,12 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
   int64_t ja = 0;
   while (ja < g.Wo && !(ct[ja].klo == 0 && ct[ja].khi == 3)) ++ja;
   int64_t jb = ja;
-  while (jb < g.Wo && ct[jb].klo == 0 && ct[jb].khi == 3 && ct[jb].s0 == ct[ja].s0 + (jb - ja))
+  while (jb < g.Wo && ct[jb].klo == 0 && ct[jb].khi == 3 &&
+         ct[jb].s0 == ct[ja].s0 + (jb - ja) * g.sW)
     ++jb;
   const int64_t last = g.Wo - 1;
-  const bool same1 = g.Wo >= 3 && ja == 1 && jb == last && ct[0].klo == 1 && ct[0].khi == 3 &&
-                     ct[0].s0 == -1 && ct[last].klo == 0 && ct[last].khi == 2 &&
+  const bool same1 = g.sW == 1 && g.Wo >= 3 && ja == 1 && jb == last && ct[0].klo == 1 &&
+                     ct[0].khi == 3 && ct[0].s0 == -1 && ct[last].klo == 0 && ct[last].khi == 2 &&
                      ct[last].s0 == last - 1;
   RowsFn vec_rows = same1 ? lanes8::direct_rows<Vec, true> : lanes8::direct_rows<Vec, false>;
   int64_t lanes = L;
@@ -209,7 +224,7 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
     const float* ximg = x + (n * g.H + lo) * g.W * C;
     const float* dyimg = dy + (n * g.Ho + i0) * g.Wo * C;
     if (!pack) {
-      Segment sg{ximg, dyimg, g.W * C, g.Wo * C, C, lo, i0, i1, C};
+      Segment sg{ximg, dyimg, g.W * C, g.Wo * C, C, lo, i0, i1, C, g.sW * C};
       int64_t c = 0;
       for (; c + lanes <= C; c += lanes, sg.x0 += lanes, sg.d0 += lanes)
         vec_rows(sg, rows, g.fh, ct, g.Wo, ja, jb, pc + c, ps);
@@ -233,8 +248,9 @@ void direct_filter_rows(const float* x, const float* dy, const Geometry& g, int6
           const int64_t c = c0 + b * kBlock + v;
           const float* d0 = dy_in_place ? dyimg + c : db + b * dbs + v;
           const int64_t drs = dy_in_place ? g.Wo * C : g.Wo * kBlock;
-          const Segment sg{xb + b * xbs + v,        d0, g.W * kBlock, drs, kBlock, lo, i0, i1,
-                           dy_in_place ? C : kBlock};
+          const Segment sg{
+              xb + b * xbs + v,         d0,           g.W * kBlock, drs, kBlock, lo, i0, i1,
+              dy_in_place ? C : kBlock, g.sW * kBlock};
           vec_rows(sg, rows, g.fh, ct, g.Wo, ja, jb, pc + c, ps);
         }
     }

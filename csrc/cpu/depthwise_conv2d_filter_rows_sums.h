@@ -44,9 +44,9 @@ inline __attribute__((always_inline)) void fixed_column(const float* const* xr, 
 // edges then need no tests per tap (0.89-0.97x the time).
 template <typename V, int MASK, bool SAME1>
 inline __attribute__((always_inline)) void
-direct_row(const float* const* xr, const float* dr, int64_t px, int64_t dpx, const ColumnTaps* cols,
-           int64_t Wo, int64_t ja, int64_t jb, V& p00, V& p01, V& p02, V& p10, V& p11, V& p12,
-           V& p20, V& p21, V& p22) {
+direct_row(const float* const* xr, const float* dr, int64_t px, int64_t sx, int64_t dpx,
+           const ColumnTaps* cols, int64_t Wo, int64_t ja, int64_t jb, V& p00, V& p01, V& p02,
+           V& p10, V& p11, V& p12, V& p20, V& p21, V& p22) {
   const auto edge = [&](int64_t j) {
     const V d = V::loadu(dr + j * dpx);
     if (MASK & 1) column_taps<V>(xr[0], d, cols[j], px, p00, p01, p02);
@@ -60,7 +60,7 @@ direct_row(const float* const* xr, const float* dr, int64_t px, int64_t dpx, con
     for (int64_t j = 0; j < ja; ++j) edge(j);
   const int64_t s0 = ja < jb ? cols[ja].s0 * px : 0;
   for (int64_t j = ja; j < jb; ++j)
-    fixed_column<V, MASK, 0, 3>(xr, s0 + (j - ja) * px, V::loadu(dr + j * dpx), px, p00, p01, p02,
+    fixed_column<V, MASK, 0, 3>(xr, s0 + (j - ja) * sx, V::loadu(dr + j * dpx), px, p00, p01, p02,
                                 p10, p11, p12, p20, p21, p22);
   if constexpr (SAME1)
     fixed_column<V, MASK, 0, 2>(xr, (Wo - 2) * px, V::loadu(dr + (Wo - 1) * dpx), px, p00, p01, p02,
@@ -89,10 +89,10 @@ void direct_rows(const Segment& sg, const AxisTaps& rows, int64_t fh, const Colu
     }
     const float* dr = sg.d0 + (i - sg.i0) * sg.drs;
     switch (mask) {
-#define TFGRADS_ROW(M)                                                                             \
-  case M:                                                                                          \
-    direct_row<V, M, SAME1>(xr, dr, sg.px, sg.dpx, cols, Wo, ja, jb, p00, p01, p02, p10, p11, p12, \
-                            p20, p21, p22);                                                        \
+#define TFGRADS_ROW(M)                                                                          \
+  case M:                                                                                       \
+    direct_row<V, M, SAME1>(xr, dr, sg.px, sg.sx, sg.dpx, cols, Wo, ja, jb, p00, p01, p02, p10, \
+                            p11, p12, p20, p21, p22);                                           \
     break;
       TFGRADS_ROW(1)
       TFGRADS_ROW(2)
