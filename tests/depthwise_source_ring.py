@@ -4,7 +4,10 @@ only), on sources of 1-2.3 MB, saved to the path given. Run with TFGRADS_L3_BYTE
 sources count as larger than the L3 and the tiles read them through the ring of row copies
 (SourceRing in csrc/cpu/depthwise_conv2d_row_staging.h; the filter gradient's AVX-512 row pass
 of rows up to 32 columns does not take it, the 41-column case does); with a huge
-TFGRADS_L3_BYTES they read them in place. The two files must be equal bit for bit."""
+TFGRADS_L3_BYTES they read them in place. The same switch moves layers whose pixels alias in L1
+(256 / 512 channels) from sweeps of 64 channels (sources beyond half the L3) to sweeps of 256
+(correlation_chunk in csrc/cpu/depthwise_conv2d_cpu.h), the stride-1 case below included. The
+two files must be equal bit for bit."""
 
 import sys
 
@@ -24,6 +27,7 @@ CASES = [
     (4, 46, 46, 16, (3, 3), (2, 2), "SAME", torch.float64),
     (8, 46, 46, 64, (3, 3), (2, 2), "SAME", torch.bfloat16),
     (2, 80, 81, 32, (3, 3), (2, 2), "SAME", torch.float32),  # 41 output columns
+    (2, 21, 22, 512, (3, 3), (1, 1), "SAME", torch.float32),  # 2 sweeps of 256 channels, or 8
 ]
 
 

@@ -434,10 +434,11 @@ void correlate_channels_last(const Correlation<scalar_t>& p) {
   const bool line_pairs = whole_13 && (p.sstep == 1 || p.Wd >= 14);
   const std::vector<ColumnStep<scalar_t>> plan = column_plan(pd, narrow_tiles, whole_13,
                                                              line_pairs);
-  const int64_t chunk = correlation_chunk<scalar_t>(p.C);  // channels per sweep of the tiles
   // Strided layers from memory: the tiles read copies of the source rows (SourceRing).
   const int64_t src_row_bytes = p.Ws * p.C * static_cast<int64_t>(sizeof(scalar_t));
-  const bool ring = source_ring_applies(p.N * p.Hs * src_row_bytes, src_row_bytes, p.Hs, rows, p.Hd,
+  const int64_t src_bytes = p.N * p.Hs * src_row_bytes;
+  const int64_t chunk = correlation_chunk<scalar_t>(p.C, src_bytes);  // channels per sweep
+  const bool ring = source_ring_applies(src_bytes, src_row_bytes, p.Hs, rows, p.Hd,
                                         SourceRing<scalar_t>::kSlots);
   at::parallel_for(0, p.N * p.Hd, grain, [&](int64_t begin, int64_t end) {
     StagedRows<scalar_t> rows_out(streaming, row_elems);
