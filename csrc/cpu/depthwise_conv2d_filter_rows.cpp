@@ -134,23 +134,17 @@ void filter_row_pass(const float* const* x, float* const* part, int64_t n, const
                      int64_t c1, int64_t ps, bool direct) {
 #ifdef TFGRADS_HAVE_AVX512_KERNELS
   using depthwise_avx512::filter_row_3x3;
+  using depthwise_avx512::filter_row_3x3_k;
   using Kernel = int64_t (*)(const float* const*, const float*, const RowTile*, int64_t, int64_t,
                              int64_t, int64_t, float* const*, int64_t);
+  // Source step 2 in the tiles' order takes two channel vectors per pass (filter_row_3x3_k):
+  // 128 contiguous bytes of each source pixel, where one vector read a single line of pixels
+  // that alias in L1 (perf notes).
   static constexpr Kernel kernels[2][2][3] = {
       {{filter_row_3x3<1, 1, false>, filter_row_3x3<1, 2, false>, filter_row_3x3<1, 3, false>},
-       {filter_row_3x3<2, 1, false>, filter_row_3x3<2, 2, false>, filter_row_3x3<2, 3, false>}},
+       {filter_row_3x3_k<2, 1, 2>, filter_row_3x3_k<2, 2, 2>, filter_row_3x3_k<2, 3, 2>}},
       {{filter_row_3x3<1, 1, true>, filter_row_3x3<1, 2, true>, filter_row_3x3<1, 3, true>},
        {filter_row_3x3<2, 1, true>, filter_row_3x3<2, 2, true>, filter_row_3x3<2, 3, true>}}};
-  // Source step 2 in the tiles' order: two channel vectors per pass (filter_row_3x3_k), 128
-  // contiguous bytes of each source pixel, where the pixels that alias in L1 gave a line each
-  // (0.89-0.96x the time from memory; perf notes).
-  if (sW == 2 && !direct) {
-    using depthwise_avx512::filter_row_3x3_k;
-    static constexpr Kernel pairs[3] = {filter_row_3x3_k<2, 1, 2>, filter_row_3x3_k<2, 2, 2>,
-                                        filter_row_3x3_k<2, 3, 2>};
-    pairs[n - 1](x, dyrow, tiles.data(), static_cast<int64_t>(tiles.size()), C, c0, c1, part, ps);
-    return;
-  }
   kernels[direct][sW - 1][n - 1](x, dyrow, tiles.data(), static_cast<int64_t>(tiles.size()), C, c0,
                                  c1, part, ps);
 #else
@@ -161,7 +155,7 @@ void filter_row_pass(const float* const* x, float* const* part, int64_t n, const
 
 bool direct_filter_rows_apply(const Geometry& g, int64_t C, const std::vector<RowTile>& tiles) {
   // At source step 2 only where pixels do not alias in L1: at 256 and 512 channels the 8-lane
-  // direct order (copied blocks) took 1.18-1.35x the 8-lane tiles' time (perf notes).
+  // direct order (on copied blocks) was slower than the 8-lane tiles (perf notes).
   return !tiles.empty() && (g.sW == 1 || (g.sW == 2 && !pixels_alias_in_l1<float>(C))) &&
          (g.Wo <= 16 || (g.Wo <= 32 && C <= 64));
 }
