@@ -2,10 +2,10 @@
 // (row_tiles_3x3, filter_row_pass), and at source step 1 (or 2 where pixels do not alias in
 // L1: direct_filter_rows_apply) the direct order: every product goes straight into its filter
 // tap's sum, rows in order, each row's columns in order, the nine sums of a vector of channels
-// held in registers across a chunk's rows (direct_filter_rows, with
-// the sums of depthwise_conv2d_filter_rows_sums.h in 8 lanes, or in 16 on the AVX-512 path
-// where that beat the row pass; filter_row_3x3<.., true> adds in the same order, so every path
-// gives the same bits).
+// held in registers across a chunk's rows (direct_filter_rows, with the sums of
+// depthwise_conv2d_filter_rows_sums.h in 8 lanes, or in 16 on the AVX-512 path where that beat
+// the row pass; filter_row_3x3<.., true> adds in the same order, so every path gives the same
+// bits).
 //
 // Where pixels alias in L1 (256, 512, 1024 float channels) a chunk's rows are first copied, a
 // range of channels at a time, into blocks of 16 channels (one 64-byte line per pixel, a block's
