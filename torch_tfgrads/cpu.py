@@ -20,7 +20,8 @@ process at the first use, force a path so that any host can measure and test the
   whether the output could stay in the host's L3).
 * ``TFGRADS_L3_BYTES=<bytes>``: the L3 size the kernels plan with (by default the one sysfs
   reports, ``l3_bytes``): stride-2 depthwise forwards and filter gradients whose source is
-  larger read it through row copies (same results).
+  larger read it through row copies, and 256/512-channel depthwise layers whose source is
+  larger than half of it sweep 64 channels at a time instead of 256 (same results).
 
 An AVX2 host, peers included, is emulated on an AVX-512 one with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``: ATen, our
